@@ -1,0 +1,83 @@
+// Package notify turns firings into messages on email, Telegram, Slack and
+// webhooks. The types here are the contract between the evaluator, which
+// creates notifications, and the channels, which deliver them.
+package notify
+
+import (
+	"context"
+	"time"
+)
+
+// Notification types (the webhook body's "type").
+const (
+	TypeNew       = "new"
+	TypeThreshold = "threshold"
+	TypeDigest    = "digest"
+)
+
+// Notification is one firing of a rule for a group of events. Its JSON form
+// is the webhook body of CONTRACT §5.
+type Notification struct {
+	ID        string `json:"id"`   // deterministic; the same for every channel
+	Type      string `json:"type"` // TypeNew or TypeThreshold
+	ProjectID string `json:"projectId"`
+	RuleID    string `json:"ruleId"`
+	Event     Event  `json:"event"`
+	// Count, Threshold and Period (ms) are those of the window that fired;
+	// a TypeNew notification has Count 1 and no window.
+	Count     int64          `json:"count"`
+	Threshold int64          `json:"threshold"`
+	Period    int64          `json:"period"`
+	CountBy   string         `json:"countBy,omitempty"` // "events" or "users"
+	FiredAt   time.Time      `json:"firedAt"`
+	Windows   []WindowStatus `json:"windows"`
+}
+
+// Event is what a notification says about the event that fired it.
+type Event struct {
+	Title        string  `json:"title"`
+	GroupHash    string  `json:"groupHash"`
+	RepetitionID *string `json:"repetitionId"`
+}
+
+// WindowStatus is one window of the rule at the moment it fired.
+type WindowStatus struct {
+	Threshold int64     `json:"threshold"`
+	Period    int64     `json:"period"` // ms
+	Count     int64     `json:"count"`
+	ResetAt   time.Time `json:"resetAt"` // when the window will have slid past every counted event
+}
+
+// Message is what one send carries to one destination: a single
+// notification, or a digest of the firings gathered during a channel's
+// minPeriod.
+type Message struct {
+	ID            string // the notification's id, or the digest's
+	ProjectID     string
+	RuleID        string
+	Notifications []Notification // one, unless Digest
+	Digest        bool
+}
+
+// Digest is the webhook body of a digest message (CONTRACT §5).
+type Digest struct {
+	Type          string         `json:"type"` // TypeDigest
+	ID            string         `json:"id"`
+	ProjectID     string         `json:"projectId"`
+	RuleID        string         `json:"ruleId"`
+	Notifications []Notification `json:"notifications"`
+}
+
+// A Channel delivers a message to one endpoint (an address, chat id or
+// URL). It knows its provider, so it decides whether a failure is worth
+// retrying: retry is true for transient failures (5xx, timeouts, 429, SMTP
+// 4xx). An error may also implement RetryAfter.
+type Channel interface {
+	Notify(ctx context.Context, endpoint string, m *Message) (retry bool, err error)
+}
+
+// RetryAfter is implemented by errors from providers that said when to try
+// again (HTTP 429 with Retry-After, Telegram's retry_after).
+type RetryAfter interface {
+	RetryAfter() time.Duration
+}

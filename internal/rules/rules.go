@@ -1,0 +1,281 @@
+// Package rules holds Klaxon's notification rules: the schema users write
+// (Hawk's, plus Klaxon's extensions), validation, and matching an event
+// against a rule. It does no I/O.
+package rules
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// What a rule reacts to (Hawk's whatToReceive).
+const (
+	OnlyNew  = "ONLY_NEW"  // the first event of a new group
+	SeenMore = "SEEN_MORE" // a group's event count crossing a threshold
+)
+
+// What a SEEN_MORE rule counts (Klaxon's countBy).
+const (
+	CountEvents = "events"
+	CountUsers  = "users" // distinct event.user.id
+)
+
+// Channel names, as keys of Spec.Channels.
+const (
+	Email    = "email"
+	Telegram = "telegram"
+	Slack    = "slack"
+	Webhook  = "webhook"
+)
+
+// ChannelNames lists every channel a rule may use, in a stable order.
+var ChannelNames = [...]string{Email, Telegram, Slack, Webhook}
+
+// NewGroupCooldown is how long an ONLY_NEW rule stays quiet for a group after
+// it fired for it.
+const NewGroupCooldown = 24 * time.Hour
+
+// Spec is one rule as users write it: an element of a Hawk project's
+// `notifications` array, or of a project's list in the YAML rules file.
+// Integers are milliseconds where the field says so, as in Hawk.
+type Spec struct {
+	ID              string                 `json:"_id" yaml:"id" bson:"-"`
+	IsEnabled       bool                   `json:"isEnabled" yaml:"isEnabled" bson:"isEnabled"`
+	WhatToReceive   string                 `json:"whatToReceive" yaml:"whatToReceive" bson:"whatToReceive"`
+	Including       []string               `json:"including" yaml:"including" bson:"including"`
+	Excluding       []string               `json:"excluding" yaml:"excluding" bson:"excluding"`
+	Threshold       int64                  `json:"threshold" yaml:"threshold" bson:"threshold"`
+	ThresholdPeriod int64                  `json:"thresholdPeriod" yaml:"thresholdPeriod" bson:"thresholdPeriod"`
+	Channels        map[string]ChannelSpec `json:"channels" yaml:"channels" bson:"channels"`
+	Windows         []WindowSpec           `json:"windows,omitempty" yaml:"windows" bson:"windows"`
+	CountBy         string                 `json:"countBy,omitempty" yaml:"countBy" bson:"countBy"`
+	Cooldown        int64                  `json:"cooldown,omitempty" yaml:"cooldown" bson:"cooldown"`
+}
+
+// WindowSpec is one sliding window: Threshold events within Period ms.
+type WindowSpec struct {
+	Threshold int64 `json:"threshold" yaml:"threshold" bson:"threshold"`
+	Period    int64 `json:"period" yaml:"period" bson:"period"`
+}
+
+// ChannelSpec is one destination of a rule. MinPeriod is in seconds.
+type ChannelSpec struct {
+	IsEnabled bool   `json:"isEnabled" yaml:"isEnabled" bson:"isEnabled"`
+	Endpoint  string `json:"endpoint" yaml:"endpoint" bson:"endpoint"`
+	MinPeriod int64  `json:"minPeriod" yaml:"minPeriod" bson:"minPeriod"`
+}
+
+// Rule is a validated, enabled rule ready for matching and counting.
+type Rule struct {
+	ProjectID string
+	ID        string
+	OnlyNew   bool
+	including []string // lower-cased
+	excluding []string // lower-cased
+	// Windows are the sliding windows of a SEEN_MORE rule; empty for ONLY_NEW.
+	Windows []Window
+	// Users counts distinct event.user.id instead of events.
+	Users bool
+	// Cooldown is how long the rule stays quiet for a group after firing.
+	Cooldown time.Duration
+	// Channels are the enabled destinations, in ChannelNames order.
+	Channels []Channel
+	// Version changes whenever what the counter keeps for the rule would
+	// change meaning (windows, countBy), so edited rules start fresh counters.
+	Version string
+}
+
+// Window is a sliding window: the rule fires when Threshold matching events
+// (or users) fall within Period.
+type Window struct {
+	Threshold int64
+	Period    time.Duration
+}
+
+// Channel is an enabled destination of a rule.
+type Channel struct {
+	Name      string // one of ChannelNames
+	Endpoint  string // address, chat id or URL; may be a secret
+	MinPeriod time.Duration
+}
+
+// MaxPeriod is the longest window of the rule (0 for ONLY_NEW).
+func (r *Rule) MaxPeriod() time.Duration {
+	var longest time.Duration
+	for _, w := range r.Windows {
+		longest = max(longest, w.Period)
+	}
+	return longest
+}
+
+// Matches reports whether an event with this title and newness is one the
+// rule reacts to. Title filters are case-insensitive substrings.
+func (r *Rule) Matches(title string, isNew bool) bool {
+	if r.OnlyNew && !isNew {
+		return false
+	}
+	if len(r.including) == 0 && len(r.excluding) == 0 {
+		return true
+	}
+	lower := strings.ToLower(title)
+	for _, s := range r.excluding {
+		if strings.Contains(lower, s) {
+			return false
+		}
+	}
+	if len(r.including) == 0 {
+		return true
+	}
+	for _, s := range r.including {
+		if strings.Contains(lower, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// Compile validates a spec of project projectID. It returns (nil, nil, nil)
+// for a disabled rule, an error naming the problem for a malformed one, and
+// warnings for a rule that works but probably not as its author meant.
+func Compile(projectID string, s Spec) (*Rule, []string, error) {
+	if !s.IsEnabled {
+		return nil, nil, nil
+	}
+	if s.ID == "" {
+		return nil, nil, fmt.Errorf("rule has no id")
+	}
+	r := &Rule{ProjectID: projectID, ID: s.ID}
+	var warnings []string
+	switch s.WhatToReceive {
+	case OnlyNew:
+		r.OnlyNew = true
+		r.Cooldown = NewGroupCooldown
+	case SeenMore:
+		windows, w, err := compileWindows(s)
+		if err != nil {
+			return nil, nil, err
+		}
+		r.Windows, warnings = windows, w
+		switch s.CountBy {
+		case "", CountEvents:
+		case CountUsers:
+			r.Users = true
+		default:
+			return nil, nil, fmt.Errorf("countBy %q: want %q or %q", s.CountBy, CountEvents, CountUsers)
+		}
+		switch {
+		case s.Cooldown < 0:
+			return nil, nil, fmt.Errorf("cooldown %d ms: must not be negative", s.Cooldown)
+		case s.Cooldown == 0:
+			r.Cooldown = r.MaxPeriod()
+		default:
+			r.Cooldown = time.Duration(s.Cooldown) * time.Millisecond
+		}
+	default:
+		return nil, nil, fmt.Errorf("whatToReceive %q: want %q or %q", s.WhatToReceive, OnlyNew, SeenMore)
+	}
+	r.including = lowerNonEmpty(s.Including)
+	r.excluding = lowerNonEmpty(s.Excluding)
+	for _, name := range ChannelNames {
+		c, ok := s.Channels[name]
+		if !ok || !c.IsEnabled {
+			continue
+		}
+		if strings.TrimSpace(c.Endpoint) == "" {
+			return nil, nil, fmt.Errorf("channel %s is enabled but has no endpoint", name)
+		}
+		if c.MinPeriod < 0 {
+			return nil, nil, fmt.Errorf("channel %s: minPeriod %d s must not be negative", name, c.MinPeriod)
+		}
+		r.Channels = append(r.Channels, Channel{
+			Name:      name,
+			Endpoint:  strings.TrimSpace(c.Endpoint),
+			MinPeriod: time.Duration(c.MinPeriod) * time.Second,
+		})
+	}
+	for name := range s.Channels {
+		if !knownChannel(name) {
+			warnings = append(warnings, fmt.Sprintf("unknown channel %q ignored", name))
+		}
+	}
+	if len(r.Channels) == 0 {
+		warnings = append(warnings, "no enabled channel: the rule counts but notifies nobody")
+	}
+	r.Version = version(r)
+	return r, warnings, nil
+}
+
+func compileWindows(s Spec) ([]Window, []string, error) {
+	specs := s.Windows
+	if len(specs) == 0 {
+		specs = []WindowSpec{{Threshold: s.Threshold, Period: s.ThresholdPeriod}}
+	}
+	const maxWindows = 8
+	if len(specs) > maxWindows {
+		return nil, nil, fmt.Errorf("%d windows: at most %d", len(specs), maxWindows)
+	}
+	windows := make([]Window, len(specs))
+	for i, w := range specs {
+		name := "threshold/thresholdPeriod"
+		if len(s.Windows) > 0 {
+			name = fmt.Sprintf("windows[%d]", i)
+		}
+		if w.Threshold < 1 {
+			return nil, nil, fmt.Errorf("%s: threshold %d must be at least 1", name, w.Threshold)
+		}
+		if w.Period < 1000 {
+			return nil, nil, fmt.Errorf("%s: period %d ms must be at least 1000 ms", name, w.Period)
+		}
+		if w.Period > int64(MaxWindowPeriod/time.Millisecond) {
+			return nil, nil, fmt.Errorf("%s: period %d ms is longer than %s", name, w.Period, MaxWindowPeriod)
+		}
+		windows[i] = Window{Threshold: w.Threshold, Period: time.Duration(w.Period) * time.Millisecond}
+	}
+	var warnings []string
+	// A longer window with a higher rate always fires first: the other can
+	// never be the one that decides.
+	for i, a := range windows {
+		for j, b := range windows {
+			if i != j && b.Period > a.Period && b.Threshold <= a.Threshold {
+				warnings = append(warnings, fmt.Sprintf(
+					"window %d (%d per %s) can never fire before window %d (%d per %s)",
+					i, a.Threshold, a.Period, j, b.Threshold, b.Period))
+			}
+		}
+	}
+	return windows, warnings, nil
+}
+
+// MaxWindowPeriod is the longest window a rule may have.
+const MaxWindowPeriod = 31 * 24 * time.Hour
+
+func lowerNonEmpty(in []string) []string {
+	var out []string
+	for _, s := range in {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, strings.ToLower(s))
+		}
+	}
+	return out
+}
+
+func knownChannel(name string) bool {
+	for _, n := range ChannelNames {
+		if n == name {
+			return true
+		}
+	}
+	return false
+}
+
+func version(r *Rule) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%t|%t", r.OnlyNew, r.Users)
+	for _, w := range r.Windows {
+		fmt.Fprintf(h, "|%d/%d", w.Threshold, w.Period.Milliseconds())
+	}
+	return hex.EncodeToString(h.Sum(nil)[:4])
+}
