@@ -1,0 +1,373 @@
+// Package counter decides, atomically and for any number of workers, whether
+// an event makes a rule fire. Counts live in Redis and are updated by one Lua
+// script (observe.lua) per (project, group) per batch; model.go states the
+// same semantics in plain Go.
+//
+// Semantics, per (rule, group):
+//   - An event counts at its own time te: its timestamp clamped to Redis' now,
+//     or Redis' now when it has none.
+//   - The rule's clock L is the newest te seen. Each window counts the events
+//     in the window ending at L, in buckets of Resolution(period): a count may
+//     include events up to one bucket older than the window and never misses
+//     one inside it. A late event counts in the bucket where it belongs, as
+//     long as that bucket is still inside the window.
+//   - The rule fires at the first event at which, with L at or past the rearm
+//     time, some window's count reaches its threshold; it then stays quiet
+//     until L + cooldown. A rule without windows (ONLY_NEW) fires at every
+//     event while armed, so its cooldown (24 h) makes it once per group.
+//   - countBy users counts distinct users whose newest event is in the window.
+package counter
+
+import (
+	"context"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/klaxonhq/klaxon/internal/rules"
+)
+
+//go:embed observe.lua
+var observeLua string
+
+// Resolution is the bucket width of a window of the given period: period/60,
+// but at least 100 ms. A count may include events up to this much older than
+// the window.
+func Resolution(period time.Duration) time.Duration {
+	b := (period / 60).Truncate(time.Millisecond)
+	return max(b, 100*time.Millisecond)
+}
+
+// buckets is how many buckets a window of this period keeps: enough for the
+// span from floor((L-period)/b) to floor(L/b).
+func buckets(period time.Duration) int64 {
+	b := Resolution(period).Milliseconds()
+	p := period.Milliseconds()
+	return (p+b-1)/b + 1
+}
+
+// Event is one incoming event with the rules it matched.
+type Event struct {
+	// ID identifies the message for de-duplication: a redelivered message
+	// with the same ID neither counts nor fires again, but gets its first
+	// result back. Empty means no de-duplication.
+	ID        string
+	ProjectID string
+	GroupHash string
+	// UserID is counted by rules that count users; empty counts for nothing there.
+	UserID string
+	// Time is when the event happened; zero means Redis' now.
+	Time  time.Time
+	Rules []*rules.Rule
+}
+
+// Result is what observing one event decided.
+type Result struct {
+	// Time is when the event counted (its clamped timestamp, or Redis' now).
+	Time time.Time
+	// Duplicate is true when the event's ID was seen before: the outcomes
+	// are those of its first observation and nothing was counted.
+	Duplicate bool
+	// Outcomes has one entry per rule of the event, in the same order.
+	Outcomes []Outcome
+}
+
+// Outcome is one rule's state after an event.
+type Outcome struct {
+	Rule *rules.Rule
+	// Fired is true when the rule fires at this event.
+	Fired bool
+	// ID identifies the firing: the same events give the same ID, distinct
+	// firings distinct IDs. Empty unless Fired.
+	ID string
+	// Window is the index in Rule.Windows of the window that fired, or -1.
+	Window int
+	// Counts holds every window's count, in Rule.Windows order.
+	Counts []int64
+	// At is the rule's clock: the newest event time seen for the group.
+	At time.Time
+	// Rearm is when the rule may fire again for the group.
+	Rearm time.Time
+}
+
+// ResetAt is when window i will have slid past every event it counts now,
+// if no more events come.
+func (o *Outcome) ResetAt(i int) time.Time {
+	p := o.Rule.Windows[i].Period
+	if o.Rule.Users {
+		return o.At.Add(p)
+	}
+	b := Resolution(p).Milliseconds()
+	newest := o.At.UnixMilli() / b
+	return time.UnixMilli((newest + 1) * b).Add(p)
+}
+
+// FiringID is the deterministic id of a firing of rule for group at clock t.
+func FiringID(projectID, ruleID, groupHash string, t time.Time) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%d", projectID, ruleID, groupHash, t.UnixMilli())
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// Options configure an Engine. The zero value works.
+type Options struct {
+	// Prefix namespaces every key [klaxon].
+	Prefix string
+	// DedupTTL is how long an event ID is remembered [5m]. A message
+	// redelivered later than that counts again.
+	DedupTTL time.Duration
+}
+
+// Engine counts events in Redis.
+type Engine struct {
+	rdb      redis.UniversalClient
+	script   *redis.Script
+	prefix   string
+	dedupTTL int64
+}
+
+// New returns an engine on rdb (single node, Sentinel or Cluster).
+func New(rdb redis.UniversalClient, opts Options) *Engine {
+	if opts.Prefix == "" {
+		opts.Prefix = "klaxon"
+	}
+	if opts.DedupTTL <= 0 {
+		opts.DedupTTL = 5 * time.Minute
+	}
+	return &Engine{
+		rdb:      rdb,
+		script:   redis.NewScript(observeLua),
+		prefix:   opts.Prefix,
+		dedupTTL: opts.DedupTTL.Milliseconds(),
+	}
+}
+
+// call is one script call: the events of one (project, group).
+type call struct {
+	base   string
+	events []int // indexes into the batch
+	rules  []*rules.Rule
+	args   []any
+	cmd    *redis.Cmd
+}
+
+// Observe counts a batch of events and returns one Result per event, in
+// order; an event without rules costs nothing and gets a zero Result. It costs one Redis round trip (per Cluster node): one script call
+// per (project, group), pipelined. Observing the same batch again after an
+// error is safe for events with an ID.
+func (e *Engine) Observe(ctx context.Context, events []Event) ([]Result, error) {
+	calls := e.plan(events)
+	if len(calls) == 0 {
+		return make([]Result, len(events)), nil
+	}
+	if err := e.run(ctx, calls); err != nil {
+		return nil, err
+	}
+	results := make([]Result, len(events))
+	for _, c := range calls {
+		if err := decode(c, events, results); err != nil {
+			return nil, fmt.Errorf("decode reply for %s: %w", c.base, err)
+		}
+	}
+	return results, nil
+}
+
+// plan groups the events by (project, group), keeping their order.
+func (e *Engine) plan(events []Event) []*call {
+	byBase := make(map[string]*call)
+	var calls []*call
+	for i := range events {
+		ev := &events[i]
+		if len(ev.Rules) == 0 {
+			continue
+		}
+		base := e.prefix + ":{" + ev.ProjectID + ":" + ev.GroupHash + "}"
+		c := byBase[base]
+		if c == nil {
+			c = &call{base: base}
+			byBase[base] = c
+			calls = append(calls, c)
+		}
+		c.events = append(c.events, i)
+		for _, r := range ev.Rules {
+			if indexOf(c.rules, r) < 0 {
+				c.rules = append(c.rules, r)
+			}
+		}
+	}
+	for _, c := range calls {
+		c.args = e.args(c, events)
+	}
+	return calls
+}
+
+func indexOf(rs []*rules.Rule, r *rules.Rule) int {
+	for i, x := range rs {
+		if x == r {
+			return i
+		}
+	}
+	return -1
+}
+
+// args encodes a call as the script's ARGV.
+func (e *Engine) args(c *call, events []Event) []any {
+	args := []any{e.dedupTTL, len(c.rules)}
+	for _, r := range c.rules {
+		users := 0
+		if r.Users {
+			users = 1
+		}
+		args = append(args, r.ID+":"+r.Version, r.Cooldown.Milliseconds(), users, len(r.Windows))
+		for _, w := range r.Windows {
+			args = append(args, w.Threshold, w.Period.Milliseconds(),
+				Resolution(w.Period).Milliseconds(), buckets(w.Period))
+		}
+	}
+	args = append(args, len(c.events))
+	for _, i := range c.events {
+		ev := &events[i]
+		ts := int64(-1)
+		if !ev.Time.IsZero() {
+			ts = max(ev.Time.UnixMilli(), 0)
+		}
+		args = append(args, ev.ID, ts, ev.UserID, len(ev.Rules))
+		for _, r := range ev.Rules {
+			args = append(args, indexOf(c.rules, r)+1)
+		}
+	}
+	return args
+}
+
+// run sends every call in one pipeline, loading the script once if Redis
+// does not know it (after a restart or failover).
+func (e *Engine) run(ctx context.Context, calls []*call) error {
+	pending := calls
+	for attempt := 0; ; attempt++ {
+		_, err := e.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, c := range pending {
+				c.cmd = e.script.EvalSha(ctx, p, []string{c.base}, c.args...)
+			}
+			return nil
+		})
+		if err == nil {
+			return nil
+		}
+		var missing []*call
+		for _, c := range pending {
+			if err := c.cmd.Err(); err != nil {
+				if !redis.HasErrorPrefix(err, "NOSCRIPT") {
+					return fmt.Errorf("observe %d events of %s: %w", len(c.events), c.base, err)
+				}
+				missing = append(missing, c)
+			}
+		}
+		if len(missing) == 0 {
+			return fmt.Errorf("observe: %w", err)
+		}
+		if attempt > 0 {
+			return fmt.Errorf("observe: script still missing after loading it: %w", err)
+		}
+		// Only the calls that did not run are sent again; the others counted.
+		if err := e.load(ctx); err != nil {
+			return err
+		}
+		pending = missing
+	}
+}
+
+func (e *Engine) load(ctx context.Context) error {
+	// A cluster client sends SCRIPT LOAD to every shard.
+	if err := e.script.Load(ctx, e.rdb).Err(); err != nil {
+		return fmt.Errorf("load observe script: %w", err)
+	}
+	return nil
+}
+
+// decode turns a call's flat reply into Results.
+func decode(c *call, events []Event, results []Result) error {
+	vals, err := c.cmd.Int64Slice()
+	if err != nil {
+		return err
+	}
+	p := 0
+	next := func() (int64, error) {
+		if p >= len(vals) {
+			return 0, errors.New("reply too short")
+		}
+		p++
+		return vals[p-1], nil
+	}
+	for _, i := range c.events {
+		te, _ := next()
+		dup, _ := next()
+		n, err := next()
+		if err != nil {
+			return err
+		}
+		ev := &events[i]
+		if int(n) != len(ev.Rules) {
+			// A replay of a first observation made with other rules: the
+			// stored outcomes do not line up with today's rules, so report
+			// none rather than guess.
+			if dup == 1 {
+				results[i] = Result{Time: time.UnixMilli(te), Duplicate: true}
+				skipped, err := skipOutcomes(vals[p:], int(n))
+				if err != nil {
+					return err
+				}
+				p += skipped
+				continue
+			}
+			return fmt.Errorf("reply has %d outcomes for %d rules", n, len(ev.Rules))
+		}
+		res := Result{Time: time.UnixMilli(te), Duplicate: dup == 1, Outcomes: make([]Outcome, n)}
+		for k, r := range ev.Rules {
+			fired, _ := next()
+			at, _ := next()
+			rearm, _ := next()
+			which, _ := next()
+			nw, err := next()
+			if err != nil {
+				return err
+			}
+			if p+int(nw) > len(vals) {
+				return errors.New("reply too short")
+			}
+			o := Outcome{
+				Rule:   r,
+				Fired:  fired == 1,
+				Window: int(which),
+				Counts: vals[p : p+int(nw) : p+int(nw)],
+				At:     time.UnixMilli(at),
+				Rearm:  time.UnixMilli(rearm),
+			}
+			p += int(nw)
+			if o.Fired {
+				o.ID = FiringID(ev.ProjectID, r.ID, ev.GroupHash, o.At)
+			}
+			res.Outcomes[k] = o
+		}
+		results[i] = res
+	}
+	if p != len(vals) {
+		return fmt.Errorf("reply has %d values, decoded %d", len(vals), p)
+	}
+	return nil
+}
+
+func skipOutcomes(vals []int64, n int) (int, error) {
+	p := 0
+	for range n {
+		if p+5 > len(vals) {
+			return 0, errors.New("reply too short")
+		}
+		p += 5 + int(vals[p+4])
+	}
+	return p, nil
+}

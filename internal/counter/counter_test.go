@@ -1,0 +1,513 @@
+package counter
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/klaxonhq/klaxon/internal/rules"
+)
+
+// testRedis connects to the Redis the tests run against, failing clearly
+// when it does not answer.
+func testRedis(t testing.TB) *redis.Client {
+	t.Helper()
+	url := os.Getenv("KLAXON_TEST_REDIS_URL")
+	if url == "" {
+		url = "redis://127.0.0.1:6379/0"
+	}
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatalf("KLAXON_TEST_REDIS_URL: %v", err)
+	}
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { rdb.Close() })
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("Redis at %s does not answer (start it, see README): %v", url, err)
+	}
+	return rdb
+}
+
+// testPrefix is a key prefix of this test alone; its keys are deleted after.
+func testPrefix(t testing.TB, rdb redis.UniversalClient) string {
+	t.Helper()
+	prefix := fmt.Sprintf("klaxontest:%x", rand.Uint64())
+	t.Cleanup(func() { deleteKeys(rdb, prefix+":*") })
+	return prefix
+}
+
+func deleteKeys(rdb redis.UniversalClient, pattern string) {
+	ctx := context.Background()
+	del := func(c *redis.Client) {
+		iter := c.Scan(ctx, 0, pattern, 1000).Iterator()
+		for iter.Next(ctx) {
+			c.Del(ctx, iter.Val())
+		}
+	}
+	switch c := rdb.(type) {
+	case *redis.ClusterClient:
+		c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { del(n); return nil })
+	case *redis.Client:
+		del(c)
+	}
+}
+
+func mustRule(t testing.TB, spec rules.Spec) *rules.Rule {
+	t.Helper()
+	if spec.ID == "" {
+		spec.ID = fmt.Sprintf("rule%x", rand.Uint32())
+	}
+	spec.IsEnabled = true
+	r, _, err := rules.Compile("5e3eef0679fa3700a0198a49", spec)
+	if err != nil {
+		t.Fatalf("compile %+v: %v", spec, err)
+	}
+	return r
+}
+
+func seenMore(windows ...rules.WindowSpec) rules.Spec {
+	return rules.Spec{WhatToReceive: rules.SeenMore, Windows: windows}
+}
+
+const project = "5e3eef0679fa3700a0198a49"
+
+func observe(t testing.TB, e *Engine, events ...Event) []Result {
+	t.Helper()
+	res, err := e.Observe(context.Background(), events)
+	if err != nil {
+		t.Fatalf("observe: %v", err)
+	}
+	return res
+}
+
+// The fixed-window trap of DESIGN.md: 1000 in 2 min; 1 event in minute 1,
+// 900 in minute 2, 900 in minute 3. A fixed window never sees 1000; the
+// sliding one fires once, in minute 3. And 999 in two minutes never fires.
+func TestFixedWindowTrap(t *testing.T) {
+	rdb := testRedis(t)
+	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 1000, Period: 120_000}))
+	start := time.Now().Add(-time.Hour).Truncate(2 * time.Minute)
+
+	minute := func(group string, m, n int) []Event {
+		var evs []Event
+		for i := range n {
+			at := start.Add(time.Duration(m)*time.Minute + time.Duration(i)*time.Minute/time.Duration(n))
+			evs = append(evs, Event{ProjectID: project, GroupHash: group, Time: at, Rules: []*rules.Rule{rule}})
+		}
+		return evs
+	}
+	count := func(group string, batches ...[]Event) (fired []Result) {
+		for _, b := range batches {
+			for _, r := range observe(t, e, b...) {
+				if r.Outcomes[0].Fired {
+					fired = append(fired, r)
+				}
+			}
+		}
+		return fired
+	}
+
+	fired := count("trap", minute("trap", 0, 1), minute("trap", 1, 900), minute("trap", 2, 900))
+	if len(fired) != 1 {
+		t.Fatalf("trap: %d firings, want 1", len(fired))
+	}
+	if got := fired[0].Time; got.Before(start.Add(2*time.Minute)) || got.After(start.Add(3*time.Minute)) {
+		t.Errorf("trap fired at %v, want during minute 3 (from %v)", got, start.Add(2*time.Minute))
+	}
+	if c := fired[0].Outcomes[0].Counts[0]; c != 1000 {
+		t.Errorf("trap fired at count %d, want 1000", c)
+	}
+
+	if fired := count("under", minute("under", 0, 99), minute("under", 1, 900)); len(fired) != 0 {
+		t.Fatalf("999 of 1000 fired %d times", len(fired))
+	}
+}
+
+// Several windows are checked in one step and the answer says which decided
+// and when each resets.
+func TestSeveralWindows(t *testing.T) {
+	rdb := testRedis(t)
+	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+	rule := mustRule(t, seenMore(
+		rules.WindowSpec{Threshold: 20, Period: 60_000},
+		rules.WindowSpec{Threshold: 5, Period: 3_000},
+	))
+	start := time.Now().Add(-time.Hour).Truncate(time.Minute)
+	var evs []Event
+	for i := range 5 { // 5 events within 3 s: the short window fires
+		evs = append(evs, Event{ProjectID: project, GroupHash: "g", Time: start.Add(time.Duration(i) * 500 * time.Millisecond), Rules: []*rules.Rule{rule}})
+	}
+	res := observe(t, e, evs...)
+	last := res[4].Outcomes[0]
+	if !last.Fired || last.Window != 1 {
+		t.Fatalf("5 in 3 s: fired=%v window=%d, want fired by window 1", last.Fired, last.Window)
+	}
+	if last.Counts[0] != 5 || last.Counts[1] != 5 {
+		t.Errorf("counts %v, want [5 5]", last.Counts)
+	}
+	wantReset := start.Add(2*time.Second + 100*time.Millisecond + 3*time.Second)
+	if got := last.ResetAt(1); !got.Equal(wantReset) {
+		t.Errorf("short window resets at %v, want %v", got, wantReset)
+	}
+	if got, want := last.ResetAt(0), start.Add(3*time.Second+60*time.Second); !got.Equal(want) {
+		t.Errorf("long window resets at %v, want %v", got, want)
+	}
+	for i, r := range res[:4] {
+		if r.Outcomes[0].Fired {
+			t.Errorf("event %d fired before the threshold", i)
+		}
+	}
+}
+
+// A storm above the threshold fires once per cooldown.
+func TestStormFiresOncePerCooldown(t *testing.T) {
+	rdb := testRedis(t)
+	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+	spec := seenMore(rules.WindowSpec{Threshold: 10, Period: 10_000})
+	spec.Cooldown = 60_000
+	rule := mustRule(t, spec)
+	start := time.Now().Add(-time.Hour).Truncate(time.Minute)
+	var evs []Event
+	for i := range 3000 { // 5 minutes at 10 per second
+		evs = append(evs, Event{ProjectID: project, GroupHash: "storm", Time: start.Add(time.Duration(i) * 100 * time.Millisecond), Rules: []*rules.Rule{rule}})
+	}
+	var fired []time.Time
+	for i := 0; i < len(evs); i += 250 {
+		for _, r := range observe(t, e, evs[i:i+250]...) {
+			if r.Outcomes[0].Fired {
+				fired = append(fired, r.Outcomes[0].At)
+			}
+		}
+	}
+	if len(fired) != 5 {
+		t.Fatalf("storm of 5 min with a 1 min cooldown fired %d times, want 5: %v", len(fired), fired)
+	}
+	for i := 1; i < len(fired); i++ {
+		if d := fired[i].Sub(fired[i-1]); d != time.Minute {
+			t.Errorf("firing %d came %v after the previous, want 1m", i, d)
+		}
+	}
+}
+
+// ONLY_NEW fires once per group within 24 h.
+func TestOnlyNewOncePerGroup(t *testing.T) {
+	rdb := testRedis(t)
+	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+	rule := mustRule(t, rules.Spec{WhatToReceive: rules.OnlyNew})
+	at := time.Now().Add(-time.Minute)
+	evs := []Event{
+		{ProjectID: project, GroupHash: "a", Time: at, Rules: []*rules.Rule{rule}},
+		{ProjectID: project, GroupHash: "a", Time: at.Add(time.Second), Rules: []*rules.Rule{rule}},
+		{ProjectID: project, GroupHash: "b", Time: at, Rules: []*rules.Rule{rule}},
+	}
+	res := observe(t, e, evs...)
+	if !res[0].Outcomes[0].Fired || res[1].Outcomes[0].Fired || !res[2].Outcomes[0].Fired {
+		t.Fatalf("fired %v %v %v, want true false true", res[0].Outcomes[0].Fired, res[1].Outcomes[0].Fired, res[2].Outcomes[0].Fired)
+	}
+	if res[0].Outcomes[0].ID == res[2].Outcomes[0].ID {
+		t.Error("two groups' firings share an id")
+	}
+	if got := res[0].Outcomes[0].Rearm.Sub(res[0].Outcomes[0].At); got != 24*time.Hour {
+		t.Errorf("rearm %v after firing, want 24h", got)
+	}
+	res = observe(t, e, Event{ProjectID: project, GroupHash: "a", Rules: []*rules.Rule{rule}})
+	if res[0].Outcomes[0].Fired {
+		t.Error("the same group fired again within 24 h")
+	}
+}
+
+// A redelivered message neither counts nor fires again, and gets its first
+// result back.
+func TestRedeliveryIsIdempotent(t *testing.T) {
+	rdb := testRedis(t)
+	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 2, Period: 60_000}))
+	ev := func(id string) Event {
+		return Event{ID: id, ProjectID: project, GroupHash: "g", Rules: []*rules.Rule{rule}}
+	}
+	first := observe(t, e, ev("m1"), ev("m2"))
+	if !first[1].Outcomes[0].Fired {
+		t.Fatal("second event did not fire a threshold of 2")
+	}
+	again := observe(t, e, ev("m2"), ev("m1"), ev("m2"))
+	for i, r := range again {
+		if !r.Duplicate {
+			t.Errorf("redelivery %d not reported as duplicate", i)
+		}
+	}
+	if a, b := again[0].Outcomes[0], first[1].Outcomes[0]; !a.Fired || a.ID != b.ID || a.Counts[0] != 2 {
+		t.Errorf("replayed outcome %+v, want the first %+v", a, b)
+	}
+	if !again[0].Time.Equal(first[1].Time) {
+		t.Errorf("replayed time %v, want %v", again[0].Time, first[1].Time)
+	}
+	next := observe(t, e, ev("m3"))
+	if c := next[0].Outcomes[0].Counts[0]; c != 3 {
+		t.Errorf("count after redeliveries %d, want 3", c)
+	}
+}
+
+// countBy users counts distinct users, and events without a user not at all.
+func TestCountUsers(t *testing.T) {
+	rdb := testRedis(t)
+	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+	spec := seenMore(rules.WindowSpec{Threshold: 3, Period: 60_000})
+	spec.CountBy = rules.CountUsers
+	rule := mustRule(t, spec)
+	at := time.Now().Add(-time.Hour)
+	var evs []Event
+	for i, u := range []string{"ann", "ann", "", "bob", "ann", "bob", "cid"} {
+		evs = append(evs, Event{ProjectID: project, GroupHash: "g", UserID: u, Time: at.Add(time.Duration(i) * time.Second), Rules: []*rules.Rule{rule}})
+	}
+	res := observe(t, e, evs...)
+	var counts []int64
+	for _, r := range res {
+		counts = append(counts, r.Outcomes[0].Counts[0])
+	}
+	if fmt.Sprint(counts) != "[1 1 1 2 2 2 3]" {
+		t.Errorf("distinct users %v, want [1 1 1 2 2 2 3]", counts)
+	}
+	if !res[6].Outcomes[0].Fired {
+		t.Error("third distinct user did not fire")
+	}
+}
+
+// Memory per (rule, group) stays bounded whatever the rate.
+func TestMemoryBounded(t *testing.T) {
+	rdb := testRedis(t)
+	prefix := testPrefix(t, rdb)
+	e := New(rdb, Options{Prefix: prefix})
+	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 1_000_000, Period: 60_000}))
+	start := time.Now().Add(-time.Hour)
+	for batch := range 40 {
+		evs := make([]Event, 1000)
+		for i := range evs {
+			n := batch*1000 + i
+			evs[i] = Event{ProjectID: project, GroupHash: "mem", Time: start.Add(time.Duration(n) * 6 * time.Millisecond), Rules: []*rules.Rule{rule}}
+		}
+		observe(t, e, evs...)
+	}
+	keys, err := rdb.Keys(context.Background(), prefix+":*").Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("keys %v (%v), want one state key", keys, err)
+	}
+	mem, err := rdb.MemoryUsage(context.Background(), keys[0]).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mem > 2048 {
+		t.Errorf("MEMORY USAGE after 40,000 events in 4 min: %d bytes, want ≤ 2048", mem)
+	}
+	ttl := rdb.PTTL(context.Background(), keys[0]).Val()
+	if ttl <= 60*time.Second || ttl > 62*time.Second {
+		t.Errorf("TTL %v, want just over the 60 s window", ttl)
+	}
+}
+
+// randomRule draws a rule for the differential test.
+func randomRule(t testing.TB, rng *rand.Rand) *rules.Rule {
+	if rng.IntN(6) == 0 {
+		return mustRule(t, rules.Spec{WhatToReceive: rules.OnlyNew})
+	}
+	periods := []int64{1000, 1500, 3000, 7000, 10_000, 60_000, 61_000, 300_000}
+	var ws []rules.WindowSpec
+	for range 1 + rng.IntN(3) {
+		ws = append(ws, rules.WindowSpec{Threshold: 1 + rng.Int64N(25), Period: periods[rng.IntN(len(periods))]})
+	}
+	spec := seenMore(ws...)
+	if rng.IntN(4) == 0 {
+		spec.CountBy = rules.CountUsers
+	}
+	if rng.IntN(2) == 0 {
+		spec.Cooldown = rng.Int64N(120_000)
+	}
+	return mustRule(t, spec)
+}
+
+// exact counts, for the resolution bound: events with time in (from, to].
+func exactCount(times []int64, from, to int64) int64 {
+	var n int64
+	for _, at := range times {
+		if at > from && at <= to {
+			n++
+		}
+	}
+	return n
+}
+
+// TestModelAgreesWithLua drives the model and the Lua engine with random
+// streams — several windows, late events, users, redeliveries, random
+// batches — and requires identical results, and counts within the
+// resolution bound of an exact count.
+func TestModelAgreesWithLua(t *testing.T) {
+	rdb := testRedis(t)
+	streams := 300
+	if testing.Short() {
+		streams = 50
+	}
+	differential(t, rdb, streams, 1)
+}
+
+func differential(t *testing.T, rdb redis.UniversalClient, streams int, seed uint64) {
+	ctx := context.Background()
+	for s := range streams {
+		rng := rand.New(rand.NewPCG(seed, uint64(s)))
+		e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+		model := NewModel()
+		var rs []*rules.Rule
+		for range 1 + rng.IntN(3) {
+			rs = append(rs, randomRule(t, rng))
+		}
+		groups := []string{"g1", "g2", "g3", "g4", "g5", "g6"}[:1+rng.IntN(6)]
+		users := []string{"", "u1", "u2", "u3", "u4", "u5", "u6", "u7"}[:1+rng.IntN(8)]
+		clock := time.Now().Add(-3 * time.Hour).UnixMilli()
+		var sent []Event
+		times := map[string][]int64{} // group -> counted event times (exact)
+		n := 50 + rng.IntN(300)
+		for len(sent) < n {
+			batch := make([]Event, 1+rng.IntN(40))
+			for i := range batch {
+				if len(sent) > 0 && rng.IntN(15) == 0 {
+					batch[i] = sent[rng.IntN(len(sent))] // a redelivery
+					continue
+				}
+				switch rng.IntN(20) {
+				case 0:
+					clock += rng.Int64N(600_000) // a quiet spell
+				case 1, 2:
+					// late event: below
+				default:
+					clock += rng.Int64N(400)
+				}
+				at := clock
+				if rng.IntN(10) == 0 {
+					at -= rng.Int64N(120_000)
+				}
+				var matched []*rules.Rule
+				for _, r := range rs {
+					if rng.IntN(4) != 0 {
+						matched = append(matched, r)
+					}
+				}
+				batch[i] = Event{
+					ID:        fmt.Sprintf("m%d", len(sent)+i),
+					ProjectID: project,
+					GroupHash: groups[rng.IntN(len(groups))],
+					UserID:    users[rng.IntN(len(users))],
+					Time:      time.UnixMilli(at),
+					Rules:     matched,
+				}
+			}
+			got, err := e.Observe(ctx, batch)
+			if err != nil {
+				t.Fatalf("stream %d: %v", s, err)
+			}
+			for i, ev := range batch {
+				if len(ev.Rules) == 0 {
+					if got[i].Time.IsZero() && got[i].Outcomes == nil {
+						continue
+					}
+					t.Fatalf("stream %d event %s matched no rule but has result %+v", s, ev.ID, got[i])
+				}
+				want := model.Observe(ev, got[i].Time)
+				if !ev.Time.Equal(got[i].Time) {
+					t.Fatalf("stream %d event %s: counted at %v, sent %v", s, ev.ID, got[i].Time, ev.Time)
+				}
+				if err := sameResult(got[i], want); err != nil {
+					t.Fatalf("stream %d event %s (group %s, t=%d, user %q): %v", s, ev.ID, ev.GroupHash, ev.Time.UnixMilli(), ev.UserID, err)
+				}
+				if !want.Duplicate {
+					times[ev.GroupHash] = append(times[ev.GroupHash], ev.Time.UnixMilli())
+					for k, o := range want.Outcomes {
+						if err := withinResolution(o, ev, times, rs, sent, batch[:i]); err != nil {
+							t.Fatalf("stream %d event %s rule %d: %v", s, ev.ID, k, err)
+						}
+					}
+				}
+			}
+			sent = append(sent, batch...)
+		}
+	}
+}
+
+// withinResolution checks an events-counting outcome against an exact count
+// of the rule's events in the window ending at the rule's clock.
+func withinResolution(o Outcome, ev Event, _ map[string][]int64, _ []*rules.Rule, sent, before []Event) error {
+	if o.Rule.Users {
+		return nil
+	}
+	var times []int64
+	seen := map[string]bool{}
+	for _, list := range [][]Event{sent, before, {ev}} {
+		for _, x := range list {
+			if x.GroupHash != ev.GroupHash || seen[x.ID] || !hasRule(x.Rules, o.Rule) {
+				continue
+			}
+			seen[x.ID] = true
+			times = append(times, x.Time.UnixMilli())
+		}
+	}
+	at := o.At.UnixMilli()
+	for i, w := range o.Rule.Windows {
+		p, r := w.Period.Milliseconds(), Resolution(w.Period).Milliseconds()
+		inside, loose := exactCount(times, at-p, at), exactCount(times, at-p-r, at)
+		if o.Counts[i] < inside || o.Counts[i] > loose {
+			return fmt.Errorf("window %d (%s): count %d, exact %d, with resolution %d", i, w.Period, o.Counts[i], inside, loose)
+		}
+	}
+	return nil
+}
+
+func hasRule(rs []*rules.Rule, r *rules.Rule) bool { return indexOf(rs, r) >= 0 }
+
+func sameResult(got, want Result) error {
+	if got.Duplicate != want.Duplicate {
+		return fmt.Errorf("duplicate %v, model %v", got.Duplicate, want.Duplicate)
+	}
+	if len(got.Outcomes) != len(want.Outcomes) {
+		return fmt.Errorf("%d outcomes, model %d", len(got.Outcomes), len(want.Outcomes))
+	}
+	for i := range got.Outcomes {
+		g, w := got.Outcomes[i], want.Outcomes[i]
+		if g.Fired != w.Fired || g.Window != w.Window || g.ID != w.ID || !g.At.Equal(w.At) ||
+			!g.Rearm.Equal(w.Rearm) || fmt.Sprint(g.Counts) != fmt.Sprint(w.Counts) {
+			return fmt.Errorf("rule %d (%s):\n engine fired=%v window=%d counts=%v at=%d rearm=%d id=%s\n model  fired=%v window=%d counts=%v at=%d rearm=%d id=%s",
+				i, describe(g.Rule), g.Fired, g.Window, g.Counts, g.At.UnixMilli(), g.Rearm.UnixMilli(), g.ID,
+				w.Fired, w.Window, w.Counts, w.At.UnixMilli(), w.Rearm.UnixMilli(), w.ID)
+		}
+	}
+	return nil
+}
+
+func describe(r *rules.Rule) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "users=%v cooldown=%s", r.Users, r.Cooldown)
+	for _, w := range r.Windows {
+		fmt.Fprintf(&b, " %d/%s", w.Threshold, w.Period)
+	}
+	return b.String()
+}
+
+// After a restart or failover Redis has forgotten the script: the engine
+// loads it again and loses nothing.
+func TestScriptReloaded(t *testing.T) {
+	rdb := testRedis(t)
+	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 2, Period: 60_000}))
+	ev := Event{ProjectID: project, GroupHash: "g", Rules: []*rules.Rule{rule}}
+	observe(t, e, ev)
+	if err := rdb.ScriptFlush(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	res := observe(t, e, ev, ev)
+	if c := res[1].Outcomes[0].Counts[0]; c != 3 {
+		t.Errorf("count %d after the script was flushed, want 3", c)
+	}
+}
