@@ -239,7 +239,9 @@ func compileWindows(s Spec) ([]Window, []string, error) {
 	// never be the one that decides.
 	for i, a := range windows {
 		for j, b := range windows {
-			if i != j && b.Period > a.Period && b.Threshold <= a.Threshold {
+			shadows := b.Period > a.Period && b.Threshold <= a.Threshold ||
+				b.Period == a.Period && b.Threshold < a.Threshold
+			if i != j && shadows {
 				warnings = append(warnings, fmt.Sprintf(
 					"window %d (%d per %s) can never fire before window %d (%d per %s)",
 					i, a.Threshold, a.Period, j, b.Threshold, b.Period))

@@ -1,0 +1,116 @@
+// Package event decodes the messages Hawk's grouper puts on the notifier
+// queue, and says exactly what is wrong with one that cannot be used.
+package event
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+	"unicode/utf8"
+)
+
+// MaxSize is the largest message accepted; a larger one is dead-lettered
+// rather than parsed.
+const MaxSize = 256 << 10
+
+// MaxTitle is how much of a title is kept: matching and messages need no
+// more, and a huge title must not reach every channel.
+const MaxTitle = 1000
+
+// Message is one incoming message: a Hawk event of a project.
+type Message struct {
+	ProjectID string `json:"projectId"`
+	Event     Event  `json:"event"`
+}
+
+// Event is what Hawk says about one occurrence of an error.
+type Event struct {
+	Title        string  `json:"title"`
+	GroupHash    string  `json:"groupHash"`
+	IsNew        bool    `json:"isNew"`
+	RepetitionID *string `json:"repetitionId"`
+	// Timestamp is Unix seconds, possibly fractional (Klaxon's extension).
+	Timestamp *float64 `json:"timestamp,omitempty"`
+	User      *User    `json:"user,omitempty"`
+}
+
+// User is the affected user (Klaxon's extension).
+type User struct {
+	ID string `json:"id"`
+}
+
+// Time is when the event happened, or zero when it does not say.
+func (e *Event) Time() time.Time {
+	if e.Timestamp == nil {
+		return time.Time{}
+	}
+	sec, frac := math.Modf(*e.Timestamp)
+	return time.Unix(int64(sec), int64(frac*1e9))
+}
+
+// UserID is the affected user's id, or "".
+func (e *Event) UserID() string {
+	if e.User == nil {
+		return ""
+	}
+	return e.User.ID
+}
+
+// Decode parses and validates a message. The error says what is wrong in
+// words fit for the x-klaxon-error header of a dead letter.
+func Decode(body []byte) (Message, error) {
+	var m Message
+	if len(body) > MaxSize {
+		return m, fmt.Errorf("message of %d bytes is over the %d byte limit", len(body), MaxSize)
+	}
+	if !utf8.Valid(body) {
+		return m, errors.New("message is not valid UTF-8")
+	}
+	if err := json.Unmarshal(body, &m); err != nil {
+		return m, fmt.Errorf("message is not a JSON object of Hawk's format: %w", err)
+	}
+	switch {
+	case m.ProjectID == "":
+		return m, errors.New("projectId is missing")
+	case !IsObjectID(m.ProjectID):
+		return m, fmt.Errorf("projectId %q is not a 24-hex ObjectId", truncate(m.ProjectID, 40))
+	case m.Event.GroupHash == "":
+		return m, errors.New("event.groupHash is missing")
+	case len(m.Event.GroupHash) > 200:
+		return m, fmt.Errorf("event.groupHash is %d bytes long, over 200", len(m.Event.GroupHash))
+	case m.Event.Title == "":
+		return m, errors.New("event.title is missing")
+	}
+	if ts := m.Event.Timestamp; ts != nil && (math.IsNaN(*ts) || *ts <= 0 || *ts > 1e11) {
+		return m, fmt.Errorf("event.timestamp %v is not Unix seconds", *ts)
+	}
+	m.Event.Title = truncate(m.Event.Title, MaxTitle)
+	return m, nil
+}
+
+// IsObjectID reports whether s is a MongoDB ObjectId in hex.
+func IsObjectID(s string) bool {
+	if len(s) != 24 {
+		return false
+	}
+	for i := range len(s) {
+		c := s[i]
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			return false
+		}
+	}
+	return true
+}
+
+// truncate cuts s to at most n bytes without splitting a character.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
