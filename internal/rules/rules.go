@@ -169,6 +169,9 @@ func Compile(projectID string, s Spec) (*Rule, []string, error) {
 		switch {
 		case s.Cooldown < 0:
 			return nil, nil, fmt.Errorf("cooldown %d ms: must not be negative", s.Cooldown)
+		case s.Cooldown > int64(MaxWindowPeriod/time.Millisecond):
+			// Also keeps the conversion to time.Duration from overflowing.
+			return nil, nil, fmt.Errorf("cooldown %d ms is longer than %s", s.Cooldown, MaxWindowPeriod)
 		case s.Cooldown == 0:
 			r.Cooldown = r.MaxPeriod()
 		default:
@@ -189,6 +192,10 @@ func Compile(projectID string, s Spec) (*Rule, []string, error) {
 		}
 		if c.MinPeriod < 0 {
 			return nil, nil, fmt.Errorf("channel %s: minPeriod %d s must not be negative", name, c.MinPeriod)
+		}
+		if c.MinPeriod > int64(MaxWindowPeriod/time.Second) {
+			// Also keeps the conversion to time.Duration from overflowing.
+			return nil, nil, fmt.Errorf("channel %s: minPeriod %d s is longer than %s", name, c.MinPeriod, MaxWindowPeriod)
 		}
 		r.Channels = append(r.Channels, Channel{
 			Name:      name,

@@ -1,0 +1,200 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"reflect"
+	"regexp"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/klaxonhq/klaxon/internal/rules"
+)
+
+// FileSource reads rules from a YAML file (KLAXON_RULES_FILE): a mapping
+// from project id to that project's list of rules, each with the fields of
+// rules.Spec and a free-form id:
+//
+//	5e3eef0679fa3700a0198a49:
+//	  - id: rule-1
+//	    isEnabled: true
+//	    whatToReceive: SEEN_MORE
+//	    threshold: 100
+//	    thresholdPeriod: 60000
+//	    channels:
+//	      webhook: {isEnabled: true, endpoint: "http://127.0.0.1:8080/hook", minPeriod: 0}
+//
+// The file is read again on every Load. One that cannot be parsed, or is
+// empty, fails the load (so a half-written file never drops every rule:
+// write "{}" for no rules; replace the file by renaming a new one over it).
+// A project key that is not 24 hex digits, or a rule that does not fit the
+// schema, is a Problem and left out; unknown fields are Problems that do not
+// skip the rule.
+type FileSource struct {
+	path string
+}
+
+// NewFileSource returns a source reading the YAML file at path.
+func NewFileSource(path string) *FileSource {
+	return &FileSource{path: path}
+}
+
+// Path is the file the source reads.
+func (s *FileSource) Path() string {
+	return s.path
+}
+
+// Load reads and decodes the file.
+func (s *FileSource) Load(context.Context) (Specs, error) {
+	data, err := os.ReadFile(s.path)
+	if err != nil {
+		return Specs{}, fmt.Errorf("read rules file: %w", err)
+	}
+	specs, err := parseRulesFile(data)
+	if err != nil {
+		return Specs{}, fmt.Errorf("rules file %s: %w", s.path, err)
+	}
+	return specs, nil
+}
+
+// parseRulesFile decodes the YAML rules file data.
+func parseRulesFile(data []byte) (Specs, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return Specs{}, errors.New(redactYAML(err.Error()))
+	}
+	if doc.Kind == 0 || len(doc.Content) == 0 {
+		return Specs{}, errors.New(`the file is empty; write "{}" for no rules`)
+	}
+	root := doc.Content[0]
+	if root.Kind != yaml.MappingNode {
+		return Specs{}, fmt.Errorf("line %d: want a mapping from project id to a list of rules", root.Line)
+	}
+	specs := Specs{Projects: map[string][]rules.Spec{}}
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		key, value := root.Content[i], root.Content[i+1]
+		projectID := strings.ToLower(key.Value)
+		if key.Kind != yaml.ScalarNode || !ValidProjectID(projectID) {
+			specs.Problems = append(specs.Problems, Problem{ProjectID: key.Value, Skipped: true,
+				Reason: fmt.Sprintf("line %d: project id must be 24 hex digits", key.Line)})
+			continue
+		}
+		if _, dup := specs.Projects[projectID]; dup {
+			specs.Problems = append(specs.Problems, Problem{ProjectID: projectID, Skipped: true,
+				Reason: fmt.Sprintf("line %d: the project is listed again; only its first list is used", key.Line)})
+			continue
+		}
+		list, problems := decodeRuleList(projectID, value)
+		specs.Problems = append(specs.Problems, problems...)
+		specs.Projects[projectID] = list // may be empty: the project is known, with no rules
+	}
+	return specs, nil
+}
+
+// decodeRuleList decodes one project's list of rules.
+func decodeRuleList(projectID string, list *yaml.Node) ([]rules.Spec, []Problem) {
+	switch {
+	case list.Kind == yaml.ScalarNode && list.Tag == "!!null":
+		return nil, nil
+	case list.Kind != yaml.SequenceNode:
+		return nil, []Problem{{ProjectID: projectID, Skipped: true,
+			Reason: fmt.Sprintf("line %d: want a list of rules", list.Line)}}
+	}
+	var specs []rules.Spec
+	var problems []Problem
+	for i, node := range list.Content {
+		ruleID := fmt.Sprintf("#%d", i)
+		if id := mappingValue(node, "id"); id != nil && id.Kind == yaml.ScalarNode && strings.TrimSpace(id.Value) != "" {
+			ruleID = strings.TrimSpace(id.Value)
+		}
+		problem := func(reason string) Problem {
+			return Problem{ProjectID: projectID, RuleID: ruleID, Reason: reason, Skipped: true}
+		}
+		if node.Kind != yaml.MappingNode {
+			problems = append(problems, problem(fmt.Sprintf("line %d: a rule must be a mapping", node.Line)))
+			continue
+		}
+		var spec rules.Spec
+		if err := node.Decode(&spec); err != nil {
+			problems = append(problems, problem(redactYAML(err.Error())))
+			continue
+		}
+		spec.ID = strings.TrimSpace(spec.ID)
+		if spec.ID == "" {
+			problems = append(problems, problem(fmt.Sprintf("line %d: rule has no id", node.Line)))
+			continue
+		}
+		for _, field := range unknownFields(node, reflect.TypeFor[rules.Spec](), "") {
+			problems = append(problems, Problem{ProjectID: projectID, RuleID: ruleID,
+				Reason: fmt.Sprintf("unknown field %q ignored", field)})
+		}
+		specs = append(specs, spec)
+	}
+	return specs, problems
+}
+
+// mappingValue returns the value of key in a mapping node, or nil.
+func mappingValue(node *yaml.Node, key string) *yaml.Node {
+	if node.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(node.Content); i += 2 {
+		if node.Content[i].Value == key {
+			return node.Content[i+1]
+		}
+	}
+	return nil
+}
+
+// unknownFields lists the keys of node, and of the mappings inside it, that
+// the struct type t does not declare (by yaml tag), as dotted paths under
+// prefix. Map keys (channel names) are not fields: rules.Compile checks them.
+func unknownFields(node *yaml.Node, t reflect.Type, prefix string) []string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	var unknown []string
+	switch {
+	case node.Kind == yaml.MappingNode && t.Kind() == reflect.Struct:
+		fields := map[string]reflect.Type{}
+		for f := range t.Fields() {
+			name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+			if name == "" {
+				name = strings.ToLower(f.Name)
+			}
+			if name != "-" {
+				fields[name] = f.Type
+			}
+		}
+		for i := 0; i+1 < len(node.Content); i += 2 {
+			name := node.Content[i].Value
+			ft, ok := fields[name]
+			if !ok {
+				unknown = append(unknown, prefix+name)
+				continue
+			}
+			unknown = append(unknown, unknownFields(node.Content[i+1], ft, prefix+name+".")...)
+		}
+	case node.Kind == yaml.MappingNode && t.Kind() == reflect.Map:
+		for i := 0; i+1 < len(node.Content); i += 2 {
+			unknown = append(unknown, unknownFields(node.Content[i+1], t.Elem(), prefix+node.Content[i].Value+".")...)
+		}
+	case node.Kind == yaml.SequenceNode && t.Kind() == reflect.Slice:
+		for i, item := range node.Content {
+			unknown = append(unknown, unknownFields(item, t.Elem(), fmt.Sprintf("%s[%d].", strings.TrimSuffix(prefix, "."), i))...)
+		}
+	}
+	return unknown
+}
+
+// yamlQuoted matches the values yaml.v3 quotes in its errors ("cannot
+// unmarshal !!str `http://...` into int64"): they may be the start of an
+// endpoint.
+var yamlQuoted = regexp.MustCompile("\\s*`[^`]*`")
+
+func redactYAML(msg string) string {
+	return yamlQuoted.ReplaceAllString(msg, "")
+}

@@ -1,0 +1,164 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
+
+	"github.com/klaxonhq/klaxon/internal/rules"
+)
+
+// DefaultMongoDatabase is the database when the MongoDB URL names none:
+// Hawk's accounts database.
+const DefaultMongoDatabase = "hawk"
+
+// MongoSource reads rules from MongoDB in Hawk's schema: collection
+// "projects", one document per project, {_id: ObjectId, notifications:
+// [rule, …]}, each rule a document with an ObjectId _id and the fields of
+// rules.Spec. Numbers may be stored as int32, int64 or whole doubles; other
+// fields are ignored.
+type MongoSource struct {
+	client   *mongo.Client
+	projects *mongo.Collection
+}
+
+// NewMongoSource returns a source reading the database named by the URL's
+// path (DefaultMongoDatabase when it has none). It does not connect yet: the
+// first Load or Ping does.
+func NewMongoSource(url string) (*MongoSource, error) {
+	cs, err := connstring.ParseAndValidate(url)
+	if err != nil {
+		return nil, fmt.Errorf("MongoDB URL: %w", err)
+	}
+	db := cs.Database
+	if db == "" {
+		db = DefaultMongoDatabase
+	}
+	client, err := mongo.Connect(options.Client().ApplyURI(url).SetAppName("klaxon"))
+	if err != nil {
+		return nil, fmt.Errorf("MongoDB client: %w", err)
+	}
+	return &MongoSource{client: client, projects: client.Database(db).Collection("projects")}, nil
+}
+
+// Database is the name of the database the source reads.
+func (s *MongoSource) Database() string {
+	return s.projects.Database().Name()
+}
+
+// Ping checks that MongoDB answers, for readiness probes.
+func (s *MongoSource) Ping(ctx context.Context) error {
+	if err := s.client.Ping(ctx, readpref.PrimaryPreferred()); err != nil {
+		return fmt.Errorf("ping MongoDB: %w", err)
+	}
+	return nil
+}
+
+// Close disconnects from MongoDB.
+func (s *MongoSource) Close(ctx context.Context) error {
+	if err := s.client.Disconnect(ctx); err != nil {
+		return fmt.Errorf("disconnect from MongoDB: %w", err)
+	}
+	return nil
+}
+
+// Load reads the rules of every project that has any. Only _id and
+// notifications are fetched: a Hawk project holds secrets of its own (its
+// integration token) that Klaxon has no use for.
+func (s *MongoSource) Load(ctx context.Context) (Specs, error) {
+	filter := bson.D{{Key: "notifications.0", Value: bson.D{{Key: "$exists", Value: true}}}}
+	projection := bson.D{{Key: "notifications", Value: 1}}
+	cursor, err := s.projects.Find(ctx, filter, options.Find().SetProjection(projection))
+	if err != nil {
+		return Specs{}, fmt.Errorf("find projects in %s.%s: %w", s.Database(), s.projects.Name(), err)
+	}
+	specs := Specs{Projects: map[string][]rules.Spec{}}
+	for cursor.Next(ctx) {
+		projectID, ruleSpecs, problems := decodeProject(cursor.Current)
+		specs.Problems = append(specs.Problems, problems...)
+		if projectID != "" && len(ruleSpecs) > 0 {
+			specs.Projects[projectID] = ruleSpecs
+		}
+	}
+	err = cursor.Err()
+	if closeErr := cursor.Close(context.WithoutCancel(ctx)); err == nil {
+		err = closeErr
+	}
+	if err != nil {
+		return Specs{}, fmt.Errorf("read projects from %s.%s: %w", s.Database(), s.projects.Name(), err)
+	}
+	return specs, nil
+}
+
+// decodeProject reads one project document: its id (empty when unusable),
+// the rules that could be decoded, and a Problem for each that could not.
+func decodeProject(doc bson.Raw) (string, []rules.Spec, []Problem) {
+	idValue := doc.Lookup("_id")
+	oid, ok := idValue.ObjectIDOK()
+	if !ok {
+		return "", nil, []Problem{{ProjectID: idValue.String(), Skipped: true,
+			Reason: fmt.Sprintf("project _id is a BSON %s, not an ObjectId", idValue.Type)}}
+	}
+	projectID := oid.Hex()
+	list, ok := doc.Lookup("notifications").ArrayOK()
+	if !ok {
+		return "", nil, []Problem{{ProjectID: projectID, Skipped: true, Reason: "notifications is not an array"}}
+	}
+	values, err := list.Values()
+	if err != nil {
+		return "", nil, []Problem{{ProjectID: projectID, Skipped: true, Reason: "notifications: " + err.Error()}}
+	}
+	var specs []rules.Spec
+	var problems []Problem
+	for i, v := range values {
+		spec, err := decodeRule(v)
+		if err != nil {
+			ruleID := spec.ID
+			if ruleID == "" {
+				ruleID = fmt.Sprintf("#%d", i)
+			}
+			problems = append(problems, Problem{ProjectID: projectID, RuleID: ruleID, Reason: err.Error(), Skipped: true})
+			continue
+		}
+		if spec.ID == "" {
+			problems = append(problems, Problem{ProjectID: projectID, RuleID: fmt.Sprintf("#%d", i),
+				Reason: "rule has no _id", Skipped: true})
+			continue
+		}
+		specs = append(specs, spec)
+	}
+	return projectID, specs, problems
+}
+
+// decodeRule decodes one element of notifications. On error the returned
+// spec carries the rule's id when that much could be read.
+func decodeRule(v bson.RawValue) (rules.Spec, error) {
+	doc, ok := v.DocumentOK()
+	if !ok {
+		return rules.Spec{}, fmt.Errorf("rule is a BSON %s, not a document", v.Type)
+	}
+	var spec rules.Spec
+	switch id := doc.Lookup("_id"); id.Type {
+	case bson.TypeObjectID:
+		spec.ID = id.ObjectID().Hex()
+	case bson.TypeString:
+		spec.ID = strings.TrimSpace(id.StringValue())
+	case 0: // missing: the caller reports it
+	default:
+		return rules.Spec{}, fmt.Errorf("rule _id is a BSON %s, not an ObjectId", id.Type)
+	}
+	id := spec.ID
+	if err := bson.Unmarshal(doc, &spec); err != nil {
+		// The driver's message names the field and the BSON type, never
+		// the value, so it holds no endpoint.
+		return rules.Spec{ID: id}, fmt.Errorf("decode rule: %w", err)
+	}
+	spec.ID = id
+	return spec, nil
+}

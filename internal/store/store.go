@@ -1,0 +1,194 @@
+// Package store is where rules come from: a Source reads every project's
+// rules as users wrote them (MongoDB in Hawk's schema, or a YAML file),
+// Compile turns them into an immutable Snapshot of validated rules, and a
+// Cache keeps the latest good Snapshot for the hot path to read without
+// locks, refreshing it in the background.
+//
+// A rule that cannot be read or fails validation is left out with a Problem
+// naming its project and rule; the other rules keep working. A load that
+// fails as a whole (database down, YAML unparsable) changes nothing: the
+// last good Snapshot stays in service.
+//
+// Channel endpoints are secrets (webhook URLs with tokens, addresses): no
+// Problem, error or log line of this package contains one.
+package store
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/klaxonhq/klaxon/internal/rules"
+)
+
+// Source reads the rules of every project.
+type Source interface {
+	// Load reads every project's rules. An error means nothing could be read
+	// (the store is unreachable, the file is unparsable); a rule or project
+	// that alone cannot be read is reported in Specs.Problems instead.
+	Load(ctx context.Context) (Specs, error)
+}
+
+// Specs is what a Source read: rules as written, before validation.
+type Specs struct {
+	// Projects maps a project id (24 lower-case hex digits) to its rules,
+	// in stored order.
+	Projects map[string][]rules.Spec
+	// Problems are projects and rules the source could not read; they are
+	// not in Projects.
+	Problems []Problem
+}
+
+// Problem is something wrong with one rule, or one project's rules.
+type Problem struct {
+	ProjectID string
+	// RuleID names the rule: its id, or "#3" (its position, from 0) when it
+	// has none that can be read; empty when the problem is the project's.
+	RuleID string
+	// Reason says what is wrong. It never holds a channel endpoint.
+	Reason string
+	// Skipped is true when the rule (or the project's rules) was left out,
+	// false for a rule that works but probably not as its author meant.
+	Skipped bool
+}
+
+func (p Problem) String() string {
+	what := "project " + p.ProjectID
+	if p.RuleID != "" {
+		what += " rule " + p.RuleID
+	}
+	if p.Skipped {
+		return what + " skipped: " + p.Reason
+	}
+	return what + ": " + p.Reason
+}
+
+// Snapshot is one load's rules, validated and enabled, by project. It never
+// changes once made; neither do the rules it holds, which callers must not
+// modify.
+type Snapshot struct {
+	byProject map[string][]*rules.Rule
+	problems  []Problem
+	count     int
+	loadedAt  time.Time
+}
+
+// Compile validates every spec with rules.Compile and returns the snapshot
+// of the enabled ones, stamped with loadedAt. Disabled rules are left out
+// quietly; a malformed rule, or a second rule with the id of an earlier one
+// of the same project, is left out with a Problem; rules.Compile's warnings
+// become Problems that do not skip the rule. Problems come sorted by project,
+// then in stored order, after those of specs.
+func Compile(specs Specs, loadedAt time.Time) *Snapshot {
+	s := &Snapshot{
+		byProject: make(map[string][]*rules.Rule, len(specs.Projects)),
+		problems:  slices.Clone(specs.Problems),
+		loadedAt:  loadedAt,
+	}
+	for _, projectID := range sortedKeys(specs.Projects) {
+		var compiled []*rules.Rule
+		seen := map[string]bool{}
+		for i, spec := range specs.Projects[projectID] {
+			ruleID := spec.ID
+			if ruleID == "" {
+				ruleID = fmt.Sprintf("#%d", i)
+			}
+			r, warnings, err := rules.Compile(projectID, spec)
+			if err != nil {
+				s.problems = append(s.problems, Problem{ProjectID: projectID, RuleID: ruleID, Reason: err.Error(), Skipped: true})
+				continue
+			}
+			if r == nil {
+				continue // disabled
+			}
+			if seen[r.ID] {
+				s.problems = append(s.problems, Problem{ProjectID: projectID, RuleID: ruleID,
+					Reason: "another rule of the project has this id", Skipped: true})
+				continue
+			}
+			seen[r.ID] = true
+			for _, w := range warnings {
+				s.problems = append(s.problems, Problem{ProjectID: projectID, RuleID: ruleID, Reason: w})
+			}
+			compiled = append(compiled, r)
+		}
+		if len(compiled) > 0 {
+			s.byProject[projectID] = slices.Clip(compiled)
+			s.count += len(compiled)
+		}
+	}
+	return s
+}
+
+// Rules returns the enabled rules of the project, in stored order, or nil.
+// The project id is matched case-insensitively. A nil Snapshot has no rules.
+func (s *Snapshot) Rules(projectID string) []*rules.Rule {
+	if s == nil {
+		return nil
+	}
+	return s.byProject[strings.ToLower(projectID)] // no allocation when already lower-case
+}
+
+// Projects is the number of projects with at least one enabled rule.
+func (s *Snapshot) Projects() int {
+	if s == nil {
+		return 0
+	}
+	return len(s.byProject)
+}
+
+// Len is the number of enabled rules of all projects.
+func (s *Snapshot) Len() int {
+	if s == nil {
+		return 0
+	}
+	return s.count
+}
+
+// Problems returns what was wrong with the rules of this load. The caller
+// must not modify the slice.
+func (s *Snapshot) Problems() []Problem {
+	if s == nil {
+		return nil
+	}
+	return s.problems
+}
+
+// Skipped is the number of rules (and projects) left out by Problems.
+func (s *Snapshot) Skipped() int {
+	n := 0
+	for _, p := range s.Problems() {
+		if p.Skipped {
+			n++
+		}
+	}
+	return n
+}
+
+// LoadedAt is when the rules were read.
+func (s *Snapshot) LoadedAt() time.Time {
+	if s == nil {
+		return time.Time{}
+	}
+	return s.loadedAt
+}
+
+var projectIDPattern = regexp.MustCompile(`^[0-9a-fA-F]{24}$`)
+
+// ValidProjectID reports whether id is a project id: 24 hex digits, the
+// text form of a MongoDB ObjectId.
+func ValidProjectID(id string) bool {
+	return projectIDPattern.MatchString(id)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
