@@ -70,8 +70,9 @@ type Event struct {
 type Result struct {
 	// Time is when the event counted (its clamped timestamp, or Redis' now).
 	Time time.Time
-	// Duplicate is true when the event's ID was seen before: the outcomes
-	// are those of its first observation and nothing was counted.
+	// Duplicate is true when the event's ID was seen before: nothing was
+	// counted, and the outcomes that fired then are reported as then; the
+	// others are empty (not fired, no counts).
 	Duplicate bool
 	// Outcomes has one entry per rule of the event, in the same order.
 	Outcomes []Outcome
@@ -206,9 +207,11 @@ func (e *Engine) plan(events []Event) []*call {
 	return calls
 }
 
+// indexOf finds r in rs by id and version, not by pointer: a batch may hold
+// the same rule from two snapshots of the rules, which must share a state.
 func indexOf(rs []*rules.Rule, r *rules.Rule) int {
 	for i, x := range rs {
-		if x == r {
+		if x == r || x.ID == r.ID && x.Version == r.Version {
 			return i
 		}
 	}
@@ -344,8 +347,8 @@ func decode(c *call, events []Event, results []Result) error {
 				Fired:  fired == 1,
 				Window: int(which),
 				Counts: vals[p : p+int(nw) : p+int(nw)],
-				At:     time.UnixMilli(at),
-				Rearm:  time.UnixMilli(rearm),
+				At:     unixMilli(at),
+				Rearm:  unixMilli(rearm),
 			}
 			p += int(nw)
 			if o.Fired {
@@ -359,6 +362,14 @@ func decode(c *call, events []Event, results []Result) error {
 		return fmt.Errorf("reply has %d values, decoded %d", len(vals), p)
 	}
 	return nil
+}
+
+// unixMilli is t in ms, with 0 (a replay's empty outcome) as the zero time.
+func unixMilli(t int64) time.Time {
+	if t == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(t)
 }
 
 func skipOutcomes(vals []int64, n int) (int, error) {

@@ -511,3 +511,23 @@ func TestScriptReloaded(t *testing.T) {
 		t.Errorf("count %d after the script was flushed, want 3", c)
 	}
 }
+
+// A rule reloaded mid-batch arrives as another pointer with the same id and
+// version: both copies count into one state.
+func TestReloadedRuleSharesState(t *testing.T) {
+	rdb := testRedis(t)
+	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+	spec := seenMore(rules.WindowSpec{Threshold: 10, Period: 60_000})
+	spec.ID = "reloaded"
+	a, b := mustRule(t, spec), mustRule(t, spec)
+	res := observe(t, e,
+		Event{ProjectID: project, GroupHash: "g", Rules: []*rules.Rule{a}},
+		Event{ProjectID: project, GroupHash: "g", Rules: []*rules.Rule{b}},
+	)
+	if c := res[1].Outcomes[0].Counts[0]; c != 2 {
+		t.Errorf("count %d, want 2", c)
+	}
+	if res[1].Outcomes[0].Rule != b {
+		t.Error("outcome does not point at the event's own rule")
+	}
+}

@@ -34,8 +34,7 @@ func (m *Model) Observe(ev Event, te time.Time) Result {
 	group := ev.ProjectID + "\x00" + ev.GroupHash
 	if ev.ID != "" {
 		if first, ok := m.seen[group+"\x00"+ev.ID]; ok {
-			first.Duplicate = true
-			return first
+			return replay(first)
 		}
 	}
 	res := Result{Time: te, Outcomes: make([]Outcome, len(ev.Rules))}
@@ -69,7 +68,7 @@ func (s *modelState) observe(r *rules.Rule, user string, te int64) Outcome {
 				o.Counts[i] = s.usersSince(s.clock - w.Period.Milliseconds())
 			}
 		}
-		o.At, o.Rearm = time.UnixMilli(s.clock), time.UnixMilli(s.rearm)
+		o.At, o.Rearm = unixMilli(s.clock), unixMilli(s.rearm)
 		return o
 	}
 	clock := max(s.clock, te)
@@ -113,7 +112,7 @@ func (s *modelState) observe(r *rules.Rule, user string, te int64) Outcome {
 			s.rearm = clock + max(r.Cooldown.Milliseconds(), 1)
 		}
 	}
-	o.At, o.Rearm = time.UnixMilli(s.clock), time.UnixMilli(s.rearm)
+	o.At, o.Rearm = unixMilli(s.clock), unixMilli(s.rearm)
 	return o
 }
 
@@ -169,4 +168,19 @@ func floorDiv(a, b int64) int64 {
 		q--
 	}
 	return q
+}
+
+// replay is what a repeated event gets: its first result, but outcomes that
+// did not fire then come back empty, unless one of them fired.
+func replay(first Result) Result {
+	r := Result{Time: first.Time, Duplicate: true, Outcomes: slices.Clone(first.Outcomes)}
+	for _, o := range first.Outcomes {
+		if o.Fired {
+			return r
+		}
+	}
+	for i, o := range r.Outcomes {
+		r.Outcomes[i] = Outcome{Rule: o.Rule, Window: -1, Counts: []int64{}}
+	}
+	return r
 }

@@ -1,0 +1,231 @@
+package counter
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/klaxonhq/klaxon/internal/rules"
+)
+
+//go:embed testdata/hawk.lua
+var hawkLua string
+
+//go:embed testdata/zlog.lua
+var zlogLua string
+
+// algorithm is one way of counting a stream of events for one rule:
+// observe sends a batch in one pipeline and returns how many fired.
+type algorithm struct {
+	name    string
+	observe func(ctx context.Context, evs []Event) (int, error)
+}
+
+func algorithms(tb testing.TB, rdb *tripCounter, prefix string, rule *rules.Rule) []algorithm {
+	e := New(rdb.Client, Options{Prefix: prefix})
+	w := rule.Windows[0]
+	baseline := func(script *redis.Script, key string, extra bool) func(context.Context, []Event) (int, error) {
+		if err := script.Load(context.Background(), rdb.Client).Err(); err != nil {
+			tb.Fatal(err)
+		}
+		return func(ctx context.Context, evs []Event) (int, error) {
+			cmds := make([]*redis.Cmd, len(evs))
+			_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+				for i, ev := range evs {
+					args := []any{ev.Time.UnixMilli(), w.Period.Milliseconds(), w.Threshold}
+					if extra {
+						args = append(args, ev.ID)
+					}
+					cmds[i] = script.EvalSha(ctx, p, []string{prefix + ":" + key + ":" + ev.GroupHash}, args...)
+				}
+				return nil
+			})
+			fired := 0
+			for _, c := range cmds {
+				if n, _ := c.Int(); n == 1 {
+					fired++
+				}
+			}
+			return fired, err
+		}
+	}
+	return []algorithm{
+		{"klaxon", func(ctx context.Context, evs []Event) (int, error) {
+			res, err := e.Observe(ctx, evs)
+			fired := 0
+			for _, r := range res {
+				if r.Outcomes[0].Fired {
+					fired++
+				}
+			}
+			return fired, err
+		}},
+		{"hawk-fixed", baseline(redis.NewScript(hawkLua), "hawk", false)},
+		{"zset-log", baseline(redis.NewScript(zlogLua), "zlog", true)},
+	}
+}
+
+// stream is n events of one rule over groups, evenly spread over span.
+func stream(rule *rules.Rule, start time.Time, span time.Duration, n, groups int, tag string) []Event {
+	evs := make([]Event, n)
+	for i := range evs {
+		evs[i] = Event{
+			ID:        idFor(tag, i),
+			ProjectID: project,
+			GroupHash: fmt.Sprint("g", i%groups),
+			Time:      start.Add(span * time.Duration(i) / time.Duration(n)),
+			Rules:     []*rules.Rule{rule},
+		}
+	}
+	return evs
+}
+
+// BenchmarkAlgorithms compares Klaxon's engine with Hawk's fixed window and
+// the sorted-set log on the same workload: a rule of 10,000 events per
+// minute, events spread over 10 groups, sent in pipelined batches. Reported
+// per algorithm and batch size: events/s, Redis round trips per event,
+// MEMORY USAGE of one key after 10,000 events in 60 s, and alerts missed on
+// DESIGN.md's fixed-window trap. Run:
+//
+//	go test -run '^$' -bench Algorithms -benchtime 20000x ./internal/counter
+func BenchmarkAlgorithms(b *testing.B) {
+	rdb := countTrips(testRedis(b))
+	ctx := context.Background()
+	rule := mustRule(b, seenMore(rules.WindowSpec{Threshold: 10_000, Period: 60_000}))
+	trapRule := mustRule(b, seenMore(rules.WindowSpec{Threshold: 1000, Period: 120_000}))
+	for _, batch := range []int{1, 10, 100, 1000} {
+		for i, algo := range algorithms(b, rdb, "", rule) {
+			b.Run(fmt.Sprintf("%s/batch=%d", algo.name, batch), func(b *testing.B) {
+				prefix := testPrefix(b, rdb)
+				algo := algorithms(b, rdb, prefix, rule)[i]
+				mem := memoryPerKey(b, rdb, prefix, rule, i)
+				missed := missedOnTrap(b, rdb, prefix, trapRule, i)
+
+				// 10,000 events a minute over 10 groups, as in a storm.
+				evs := stream(rule, time.Now().Add(-time.Hour), time.Duration(b.N)*6*time.Millisecond, b.N, 10, "bench")
+				commands := commandsProcessed(ctx, rdb)
+				trips := rdb.trips.Load()
+				b.ResetTimer()
+				for lo := 0; lo < len(evs); lo += batch {
+					if _, err := algo.observe(ctx, evs[lo:min(lo+batch, len(evs))]); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				n := float64(b.N)
+				b.ReportMetric(n/b.Elapsed().Seconds(), "events/s")
+				b.ReportMetric(float64(rdb.trips.Load()-trips)/n, "roundtrips/event")
+				// INFO itself is one command.
+				b.ReportMetric(float64(commandsProcessed(ctx, rdb)-commands-1)/n, "rediscmds/event")
+				b.ReportMetric(mem, "bytes/key")
+				b.ReportMetric(float64(missed), "missed/trap")
+				b.ReportMetric(0, "ns/op")
+			})
+		}
+	}
+}
+
+// memoryPerKey feeds 10,000 events in 60 s to one group and returns the
+// MEMORY USAGE of the key(s) of that group.
+func memoryPerKey(b *testing.B, rdb *tripCounter, prefix string, rule *rules.Rule, algo int) float64 {
+	ctx := context.Background()
+	mprefix := prefix + ":mem"
+	a := algorithms(b, rdb, mprefix, rule)[algo]
+	evs := stream(rule, time.Now().Add(-2*time.Minute), time.Minute, 10_000, 1, "mem")
+	for lo := 0; lo < len(evs); lo += 500 {
+		if _, err := a.observe(ctx, evs[lo:lo+500]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	keys, err := rdb.Keys(ctx, mprefix+":*").Result()
+	if err != nil || len(keys) == 0 {
+		b.Fatalf("no keys after 10,000 events: %v", err)
+	}
+	var total int64
+	for _, k := range keys {
+		if strings.Contains(k, ":m:") {
+			continue // de-duplication entries are not counter state
+		}
+		total += rdb.MemoryUsage(ctx, k).Val()
+	}
+	return float64(total)
+}
+
+// missedOnTrap runs DESIGN.md's trap (1000 in 2 min: 1, 900, 900 events in
+// three consecutive minutes) and returns 1 if the algorithm never fired.
+func missedOnTrap(b *testing.B, rdb *tripCounter, prefix string, rule *rules.Rule, algo int) int {
+	ctx := context.Background()
+	a := algorithms(b, rdb, prefix+":trap", rule)[algo]
+	start := time.Now().Add(-time.Hour)
+	fired := 0
+	for m, n := range []int{1, 900, 900} {
+		evs := stream(rule, start.Add(time.Duration(m)*time.Minute), time.Minute, n, 1, fmt.Sprint("trap", m, "-"))
+		f, err := a.observe(ctx, evs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		fired += f
+	}
+	if fired == 0 {
+		return 1
+	}
+	return 0
+}
+
+// commandsProcessed is Redis' count of the commands it ran, scripts' own
+// commands included.
+func commandsProcessed(ctx context.Context, rdb *tripCounter) int64 {
+	info := rdb.Info(ctx, "stats").Val()
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "total_commands_processed:"); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// tripCounter counts the client's round trips: one per command sent alone,
+// one per pipeline.
+type tripCounter struct {
+	*redis.Client
+	trips atomic.Int64
+}
+
+func countTrips(c *redis.Client) *tripCounter {
+	t := &tripCounter{Client: c}
+	c.AddHook(t)
+	return t
+}
+
+func (t *tripCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (t *tripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		t.trips.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (t *tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		t.trips.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+var noIDs = false
+
+func idFor(tag string, i int) string {
+	if noIDs {
+		return ""
+	}
+	return tag + strconv.Itoa(i)
+}
