@@ -1,0 +1,225 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+const (
+	// dialTimeout bounds the TCP connect and the AMQP handshake.
+	dialTimeout = 5 * time.Second
+	// closeTimeout bounds connection.close, so a broker that stopped
+	// answering cannot stall a shutdown.
+	closeTimeout = time.Second
+)
+
+// Hooks let the caller observe the consumer and publisher, for metrics,
+// without this package choosing a metrics library. Every field is optional.
+// Hooks run on the goroutine doing the work, so they must be quick.
+type Hooks struct {
+	// Connection is called with true when a connection is up (the consumer:
+	// consuming) and with false when it is lost, once per change.
+	Connection func(up bool)
+	// Batch is called by the Consumer after every handler call.
+	Batch func(BatchResult)
+	// Publish is called by the Publisher after every Publish call.
+	Publish func(PublishResult)
+}
+
+// BatchResult describes one handler call.
+type BatchResult struct {
+	Size     int           // deliveries in the batch
+	Attempt  int           // 1 for the first call on this batch
+	Acked    int           // deliveries acked (0 when Err is set)
+	Requeued int           // deliveries nacked with requeue
+	Took     time.Duration // time spent in the handler
+	Err      error         // the handler's error; the batch is held and retried
+}
+
+// PublishResult describes one Publish call.
+type PublishResult struct {
+	Messages int
+	Took     time.Duration // until every confirm arrived, or the failure
+	Err      error
+}
+
+// validateURL checks the URL once, up front, so later dial errors cannot
+// carry it: net/url quotes the whole URL, password included, in its errors.
+func validateURL(raw string) error {
+	if raw == "" {
+		return errors.New("AMQP URL is empty")
+	}
+	if _, err := amqp.ParseURI(raw); err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // the same failure, without the URL text
+		}
+		return fmt.Errorf("invalid AMQP URL %s: %w", redactURL(raw), err)
+	}
+	return nil
+}
+
+// redactURL returns the URL with its password masked, fit for logs.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
+}
+
+// dial opens a named connection. ctx bounds the TCP connect and the
+// handshake; the name shows in the broker's connection list, which is how an
+// operator (or a test) finds and closes one connection.
+func dial(ctx context.Context, rawURL, name string) (*amqp.Connection, error) {
+	stop := func() bool { return true }
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName(name)
+	cfg := amqp.Config{
+		Properties: props,
+		Dial: func(network, addr string) (net.Conn, error) {
+			d := net.Dialer{Timeout: dialTimeout}
+			nc, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			// The handshake is not context-aware: bound it by a deadline, and
+			// by ctx through an expired deadline. amqp091 clears the deadline
+			// once the connection is open.
+			if err := nc.SetDeadline(time.Now().Add(dialTimeout)); err != nil {
+				_ = nc.Close()
+				return nil, err
+			}
+			stop = context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Unix(1, 0)) })
+			return nc, nil
+		},
+	}
+	conn, err := amqp.DialConfig(rawURL, cfg)
+	stopped := stop()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, err
+	}
+	if !stopped || ctx.Err() != nil {
+		// ctx ended around the handshake; the socket may carry an expired deadline.
+		_ = conn.CloseDeadline(time.Now().Add(closeTimeout))
+		return nil, ctx.Err()
+	}
+	return conn, nil
+}
+
+// closeOnCancel closes conn if ctx ends before release is called, so that a
+// blocking RPC (declare, qos, consume) returns instead of outliving ctx.
+// release waits for a close already under way.
+func closeOnCancel(ctx context.Context, conn *amqp.Connection) (release func()) {
+	done := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(done)
+		_ = conn.CloseDeadline(time.Now().Add(closeTimeout))
+	})
+	return func() {
+		if !stop() {
+			<-done
+		}
+	}
+}
+
+// declareQueue declares a durable queue. A queue that already exists with
+// other arguments (Hawk's `notifier` is a plain classic queue) makes the
+// broker answer PRECONDITION_FAILED; that queue is then used as it is, after
+// a passive declare confirms it exists, because refusing to start over an
+// argument mismatch would help no one.
+func declareQueue(conn *amqp.Connection, log *slog.Logger, name string, args amqp.Table) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel to declare queue %q: %w", name, err)
+	}
+	_, err = ch.QueueDeclare(name, true, false, false, false, args)
+	var aerr *amqp.Error
+	if !errors.As(err, &aerr) || aerr.Code != amqp.PreconditionFailed {
+		_ = ch.Close()
+		if err != nil {
+			return fmt.Errorf("declare queue %q: %w", name, err)
+		}
+		return nil
+	}
+	// The failed declare closed that channel.
+	ch, err = conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel to inspect queue %q: %w", name, err)
+	}
+	defer ch.Close()
+	if _, err := ch.QueueDeclarePassive(name, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare queue %q passively after %v: %w", name, aerr, err)
+	}
+	log.Warn("queue exists with other arguments; using it as it is",
+		"queue", name, "wanted_args", fmt.Sprint(args), "broker_said", aerr.Reason)
+	return nil
+}
+
+// connState tracks whether a component is connected, calls the hook and logs
+// once per change: a broker that stays down for an hour is one log line
+// (plus one per new kind of error), not one per retry.
+type connState struct {
+	log  *slog.Logger
+	hook func(bool)
+	up   atomic.Bool
+
+	mu      sync.Mutex
+	lastErr string
+}
+
+func newConnState(log *slog.Logger, hook func(bool)) *connState {
+	return &connState{log: log, hook: hook}
+}
+
+// setUp records a working connection.
+func (s *connState) setUp() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lastErr = ""
+	if s.up.Swap(true) {
+		return
+	}
+	s.log.Info("rabbitmq connected")
+	if s.hook != nil {
+		s.hook(true)
+	}
+}
+
+// setDown records a lost or failed connection; err may be nil for a
+// deliberate close.
+func (s *connState) setDown(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	wasUp := s.up.Swap(false)
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	switch {
+	case wasUp && err == nil:
+		s.log.Info("rabbitmq connection closed")
+	case wasUp:
+		s.log.Warn("rabbitmq connection lost", "err", msg)
+	case err != nil && msg != s.lastErr:
+		s.log.Warn("rabbitmq unavailable", "err", msg)
+	}
+	if err != nil {
+		s.lastErr = msg
+	}
+	if wasUp && s.hook != nil {
+		s.hook(false)
+	}
+}

@@ -1,0 +1,560 @@
+package queue
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// ConsumerConfig configures a Consumer. Zero values take the defaults shown.
+type ConsumerConfig struct {
+	URL   string // AMQP URL; required
+	Queue string // queue to consume; required. Declared durable if missing.
+	// QueueArgs are the arguments the queue is declared with. If the queue
+	// exists with other arguments it is used as it is (logged once).
+	QueueArgs amqp.Table
+	// ConnectionName is shown in the broker's connection list [klaxon-consumer].
+	ConnectionName string
+	// Prefetch is the most deliveries the broker sends ahead of acks [1000].
+	Prefetch int
+	// MaxBatch caps a batch [256]; it is lowered to Prefetch if above it.
+	MaxBatch int
+	// Linger is how long a batch that is not full waits for more deliveries
+	// that are not there yet [2 ms]; negative means not at all.
+	Linger time.Duration
+	// Backoff spaces reconnects and handler retries [100 ms … 10 s].
+	Backoff Backoff
+	// StopGrace is how long the handler in flight may run once ctx is
+	// cancelled before its own context is cancelled too [5 s].
+	StopGrace time.Duration
+	Logger    *slog.Logger // [slog.Default()]
+	Hooks     Hooks
+}
+
+// Consumer consumes one queue in batches, with manual acks, reconnecting
+// whenever the connection or channel is lost. Create it with NewConsumer.
+type Consumer struct {
+	cfg   ConsumerConfig
+	log   *slog.Logger
+	state *connState
+
+	running atomic.Bool
+}
+
+// Handler processes a batch. Returning nil settles the batch: every delivery
+// is acked except those marked with Batch.Requeue. Returning an error means
+// nothing in the batch was done (for example Redis is down): the Consumer
+// keeps the batch, waits (Backoff) and calls the handler again with the same
+// deliveries, as long as the channel lives and ctx is not cancelled.
+//
+// ctx is not cancelled when Consume's ctx is: the handler in flight may finish
+// during a graceful stop, for up to StopGrace. It is cancelled at once if the
+// channel that delivered the batch dies, since the batch can no longer be acked.
+type Handler func(ctx context.Context, b *Batch) error
+
+// Batch is a run of deliveries in the order the broker sent them.
+type Batch struct {
+	Deliveries []Delivery
+	// Attempt counts handler calls on this batch: 1, then 2 after an error, …
+	Attempt int
+
+	requeue []bool
+}
+
+// Requeue marks delivery i to be nacked with requeue rather than acked when
+// the handler returns nil. The broker delivers it again, to any consumer,
+// with Redelivered set.
+func (b *Batch) Requeue(i int) {
+	if b.requeue == nil {
+		b.requeue = make([]bool, len(b.Deliveries))
+	}
+	b.requeue[i] = true
+}
+
+// Delivery is one message as the broker delivered it.
+type Delivery struct {
+	Body            []byte
+	MessageID       string
+	ContentType     string
+	ContentEncoding string
+	Headers         amqp.Table
+	Timestamp       time.Time
+	Exchange        string
+	RoutingKey      string
+	// Redelivered is set when the broker delivered this message before and
+	// did not get an ack for it (a crash, a lost connection, a requeue).
+	Redelivered bool
+	// DeliveryTag identifies the delivery on its channel; it is for logs and
+	// tests, since settling goes through the Batch.
+	DeliveryTag uint64
+}
+
+// Message returns the delivery as a Message for the default exchange and the
+// given queue: same body, headers (copied), id and content type. It is how a
+// message is passed on unchanged, e.g. to a dead-letter queue.
+func (d Delivery) Message(queue string) Message {
+	h := make(amqp.Table, len(d.Headers)+1)
+	for k, v := range d.Headers {
+		h[k] = v
+	}
+	return Message{
+		RoutingKey:      queue,
+		Body:            d.Body,
+		Headers:         h,
+		MessageID:       d.MessageID,
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		Timestamp:       d.Timestamp,
+	}
+}
+
+// NewConsumer checks cfg and fills in its defaults. It does not connect.
+func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
+	if err := validateURL(cfg.URL); err != nil {
+		return nil, err
+	}
+	if cfg.Queue == "" {
+		return nil, errors.New("consumer: queue name is empty")
+	}
+	if cfg.ConnectionName == "" {
+		cfg.ConnectionName = "klaxon-consumer"
+	}
+	if cfg.Prefetch == 0 {
+		cfg.Prefetch = 1000
+	}
+	if cfg.Prefetch < 1 || cfg.Prefetch > 65535 {
+		return nil, fmt.Errorf("consumer: prefetch %d is outside 1…65535", cfg.Prefetch)
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 256
+	}
+	cfg.MaxBatch = min(cfg.MaxBatch, cfg.Prefetch)
+	if cfg.Linger == 0 {
+		cfg.Linger = 2 * time.Millisecond
+	}
+	cfg.Backoff = cfg.Backoff.withDefaults()
+	if cfg.StopGrace <= 0 {
+		cfg.StopGrace = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	log := cfg.Logger.With("component", "amqp-consumer", "url", redactURL(cfg.URL), "queue", cfg.Queue)
+	return &Consumer{cfg: cfg, log: log, state: newConnState(log, cfg.Hooks.Connection)}, nil
+}
+
+// Connected reports whether the Consumer is consuming right now, for /readyz.
+func (c *Consumer) Connected() bool { return c.state.up.Load() }
+
+// Consume runs until ctx is cancelled, calling handle with one batch at a
+// time. It connects, declares the queue, and reconnects with Backoff when the
+// connection or channel is lost. When ctx is cancelled it stops consuming,
+// lets the handler in flight finish (StopGrace at most), settles that batch,
+// gives every other delivery it holds back to the broker, closes the
+// connection and returns nil. A Consumer runs one Consume at a time.
+func (c *Consumer) Consume(ctx context.Context, handle Handler) error {
+	if handle == nil {
+		return errors.New("consumer: nil handler")
+	}
+	if !c.running.CompareAndSwap(false, true) {
+		return errors.New("consumer: Consume is already running")
+	}
+	defer c.running.Store(false)
+
+	// The handler's context outlives ctx by StopGrace at most.
+	hctx, hcancel := context.WithCancel(context.WithoutCancel(ctx))
+	graceDone := make(chan struct{})
+	defer func() { hcancel(); <-graceDone }()
+	go func() {
+		defer close(graceDone)
+		select {
+		case <-ctx.Done():
+		case <-hctx.Done():
+			return
+		}
+		t := time.NewTimer(c.cfg.StopGrace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			hcancel()
+		case <-hctx.Done():
+		}
+	}()
+
+	failures := 0
+	for {
+		consumed, err := c.session(ctx, hctx, handle)
+		if ctx.Err() != nil {
+			c.state.setDown(nil)
+			return nil
+		}
+		c.state.setDown(err)
+		if consumed {
+			failures = 0
+		}
+		failures++
+		if !sleep(ctx, c.cfg.Backoff.Delay(failures)) {
+			return nil
+		}
+	}
+}
+
+// session is one connection's life: connect, consume, handle batches until
+// the channel dies (returns the cause) or ctx ends (returns nil after the
+// graceful stop). consumed tells whether it got as far as consuming, which
+// resets the reconnect backoff.
+func (c *Consumer) session(ctx, hctx context.Context, handle Handler) (consumed bool, err error) {
+	conn, err := dial(ctx, c.cfg.URL, c.cfg.ConnectionName)
+	if err != nil {
+		return false, fmt.Errorf("connect: %w", err)
+	}
+	var s *session
+	defer func() {
+		_ = conn.CloseDeadline(time.Now().Add(closeTimeout))
+		if s != nil {
+			s.wait() // returns now that the connection is closed
+		}
+	}()
+
+	release := closeOnCancel(ctx, conn)
+	s, err = c.subscribe(conn)
+	release()
+	if err != nil {
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		return false, err
+	}
+
+	// The handler's context also ends with the channel: a batch whose channel
+	// died can no longer be acked, so finishing it is wasted work.
+	bctx, bcancel := context.WithCancel(hctx)
+	defer bcancel()
+	stopWatch := context.AfterFunc(s.deadCtx, bcancel)
+	defer stopWatch()
+
+	c.state.setUp()
+	for {
+		b, alive := s.collect(ctx, c.cfg.MaxBatch, c.cfg.Linger)
+		if !alive {
+			return true, s.cause()
+		}
+		if b == nil || ctx.Err() != nil {
+			return true, s.stop(b)
+		}
+		if err := c.process(ctx, bctx, s, b, handle); err != nil {
+			return true, err
+		}
+		if ctx.Err() != nil {
+			return true, s.stop(nil)
+		}
+	}
+}
+
+// subscribe declares the queue, opens the channel and starts consuming. The
+// session may be returned with an error: it must be waited for all the same.
+func (c *Consumer) subscribe(conn *amqp.Connection) (*session, error) {
+	if err := declareQueue(conn, c.log, c.cfg.Queue, c.cfg.QueueArgs); err != nil {
+		return nil, err
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("open channel: %w", err)
+	}
+	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
+		return nil, fmt.Errorf("set prefetch %d: %w", c.cfg.Prefetch, err)
+	}
+	s := newSession(ch) // watches for the close from before the first delivery
+	s.tag = c.cfg.ConnectionName + "-" + rand.Text()
+	s.deliveries, err = ch.Consume(c.cfg.Queue, s.tag, false, false, false, false, nil)
+	if err != nil {
+		return s, fmt.Errorf("consume queue %q: %w", c.cfg.Queue, err)
+	}
+	return s, nil
+}
+
+// process calls the handler on b until it succeeds, then settles b. It
+// returns an error only when the channel is gone; on ctx cancellation it
+// gives the batch back and returns nil.
+func (c *Consumer) process(ctx, bctx context.Context, s *session, b *Batch, handle Handler) error {
+	for attempt := 1; ; attempt++ {
+		b.Attempt = attempt
+		clear(b.requeue)
+		start := time.Now()
+		err := handle(bctx, b)
+		res := BatchResult{Size: len(b.Deliveries), Attempt: attempt, Took: time.Since(start), Err: err}
+		if err == nil {
+			res.Requeued = countTrue(b.requeue)
+			res.Acked = res.Size - res.Requeued
+		}
+		if c.cfg.Hooks.Batch != nil {
+			c.cfg.Hooks.Batch(res)
+		}
+		if err == nil {
+			if attempt > 1 {
+				c.log.Info("handler recovered", "attempts", attempt)
+			}
+			if err := s.settle(b); err != nil {
+				if s.deadCtx.Err() != nil {
+					return fmt.Errorf("settle batch: %w", s.cause())
+				}
+				return fmt.Errorf("settle batch: %w", err)
+			}
+			return nil
+		}
+
+		if s.deadCtx.Err() != nil {
+			return fmt.Errorf("handler: %w (channel closed meanwhile: %w)", err, s.cause())
+		}
+		if ctx.Err() != nil {
+			return s.requeue(b) // stopping: no retry
+		}
+		delay := c.cfg.Backoff.Delay(attempt)
+		lvl := slog.LevelDebug
+		if attempt == 1 {
+			lvl = slog.LevelWarn
+		}
+		c.log.Log(ctx, lvl, "handler failed; holding the batch to retry it",
+			"err", err, "batch", len(b.Deliveries), "attempt", attempt, "retry_in", delay)
+
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return s.requeue(b)
+		case <-s.deadCtx.Done():
+			t.Stop()
+			return s.cause()
+		}
+	}
+}
+
+func countTrue(bs []bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
+}
+
+// session is one channel's consuming state. Everything here refers to that
+// channel only; a new connection gets a new session.
+type session struct {
+	ch         *amqp.Channel
+	tag        string
+	deliveries <-chan amqp.Delivery
+	closes     chan *amqp.Error
+	cancels    chan string // the broker cancelled the consumer (queue deleted)
+
+	deadCtx    context.Context // done when the channel has closed
+	markDead   context.CancelFunc
+	closeErr   error // set before deadCtx is done
+	watcherEnd chan struct{}
+
+	timer *time.Timer
+}
+
+func newSession(ch *amqp.Channel) *session {
+	s := &session{
+		ch:         ch,
+		closes:     ch.NotifyClose(make(chan *amqp.Error, 1)),
+		cancels:    ch.NotifyCancel(make(chan string, 1)),
+		watcherEnd: make(chan struct{}),
+	}
+	s.deadCtx, s.markDead = context.WithCancel(context.Background())
+	go func() {
+		defer close(s.watcherEnd)
+		// Sent on an abnormal close, closed without a value on a clean one;
+		// either way the channel is done.
+		e, ok := <-s.closes
+		if ok && e != nil {
+			s.closeErr = fmt.Errorf("channel closed: %w", e)
+		} else {
+			s.closeErr = amqp.ErrClosed
+		}
+		s.markDead()
+	}()
+	return s
+}
+
+// wait returns once the watcher has seen the channel close; the session's
+// connection must be closing.
+func (s *session) wait() { <-s.watcherEnd }
+
+// cause says why the deliveries stopped. amqp091 reports a channel close or
+// a broker-side cancel before it closes the deliveries, so one of the two is
+// (about to be) ready.
+func (s *session) cause() error {
+	select {
+	case <-s.deadCtx.Done():
+		return s.closeErr
+	case tag := <-s.cancels:
+		return fmt.Errorf("broker cancelled consumer %s (queue deleted?)", tag)
+	}
+}
+
+// collect returns the next batch: it waits for a first delivery, then takes
+// whatever else is ready, waiting at most linger for a batch that is not
+// full. It returns (nil, true) when ctx ends first, and alive=false when the
+// deliveries stopped because the channel or the consumer is gone (the
+// partial batch is dropped: the broker redelivers it).
+func (s *session) collect(ctx context.Context, max int, linger time.Duration) (b *Batch, alive bool) {
+	var first amqp.Delivery
+	select {
+	case <-ctx.Done():
+		return nil, true
+	case d, ok := <-s.deliveries:
+		if !ok {
+			return nil, false
+		}
+		first = d
+	}
+	items := make([]Delivery, 1, max)
+	items[0] = fromAMQP(first)
+
+	lingering := false
+	for len(items) < max {
+		select {
+		case d, ok := <-s.deliveries:
+			if !ok {
+				return nil, false
+			}
+			items = append(items, fromAMQP(d))
+			continue
+		default:
+		}
+		if linger < 0 {
+			break
+		}
+		if !lingering {
+			lingering = true
+			if s.timer == nil {
+				s.timer = time.NewTimer(linger)
+			} else {
+				s.timer.Reset(linger)
+			}
+		}
+		select {
+		case d, ok := <-s.deliveries:
+			if !ok {
+				s.timer.Stop()
+				return nil, false
+			}
+			items = append(items, fromAMQP(d))
+			continue
+		case <-s.timer.C:
+		case <-ctx.Done():
+			s.timer.Stop()
+		}
+		lingering = false
+		break
+	}
+	if lingering {
+		s.timer.Stop()
+	}
+	return &Batch{Deliveries: items}, true
+}
+
+func fromAMQP(d amqp.Delivery) Delivery {
+	return Delivery{
+		Body:            d.Body,
+		MessageID:       d.MessageId,
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		Headers:         d.Headers,
+		Timestamp:       d.Timestamp,
+		Exchange:        d.Exchange,
+		RoutingKey:      d.RoutingKey,
+		Redelivered:     d.Redelivered,
+		DeliveryTag:     d.DeliveryTag,
+	}
+}
+
+// settle acks or requeues every delivery of b, as the handler decided.
+func (s *session) settle(b *Batch) error {
+	for _, op := range planSettle(b.Deliveries, b.requeue) {
+		var err error
+		if op.ack {
+			err = s.ch.Ack(op.tag, op.multiple)
+		} else {
+			err = s.ch.Nack(op.tag, op.multiple, true)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// requeue gives the whole of b back to the broker.
+func (s *session) requeue(b *Batch) error {
+	for i := range b.Deliveries {
+		b.Requeue(i)
+	}
+	return s.settle(b)
+}
+
+// stop ends consuming gracefully: it cancels the consumer, gives back b (if
+// any) and every delivery received but not handled, in one nack. The
+// caller's deferred close then requeues whatever was still on the wire.
+func (s *session) stop(b *Batch) error {
+	// noWait: deliveries that cross the cancel are dropped client-side and
+	// requeued by the broker when the channel closes a moment later.
+	err := s.ch.Cancel(s.tag, true)
+	var last uint64
+	if b != nil {
+		last = b.Deliveries[len(b.Deliveries)-1].DeliveryTag
+	}
+	for d := range s.deliveries { // closes once the buffered deliveries are out
+		last = d.DeliveryTag
+	}
+	if err == nil && last > 0 {
+		err = s.ch.Nack(last, true, true)
+	}
+	if err != nil {
+		return fmt.Errorf("stop consuming: %w", err)
+	}
+	return nil
+}
+
+// settleOp is one basic.ack or basic.nack(requeue).
+type settleOp struct {
+	tag      uint64
+	ack      bool
+	multiple bool
+}
+
+// planSettle turns per-delivery outcomes into as few frames as possible: one
+// multiple-ack or multiple-nack per run of equal outcomes, in tag order. A
+// multiple flag covers every unsettled tag up to its own, which is exactly
+// the run, because earlier runs and batches are settled first. Should tags
+// ever not be increasing, each delivery is settled on its own.
+func planSettle(ds []Delivery, requeue []bool) []settleOp {
+	requeued := func(i int) bool { return i < len(requeue) && requeue[i] }
+	for i := 1; i < len(ds); i++ {
+		if ds[i].DeliveryTag <= ds[i-1].DeliveryTag {
+			ops := make([]settleOp, len(ds))
+			for j, d := range ds {
+				ops[j] = settleOp{tag: d.DeliveryTag, ack: !requeued(j)}
+			}
+			return ops
+		}
+	}
+	var ops []settleOp
+	for i := range ds {
+		if i+1 < len(ds) && requeued(i+1) == requeued(i) {
+			continue // the run goes on
+		}
+		ops = append(ops, settleOp{tag: ds[i].DeliveryTag, ack: !requeued(i), multiple: true})
+	}
+	return ops
+}

@@ -1,0 +1,543 @@
+package queue_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/klaxonhq/klaxon/internal/queue"
+)
+
+// ledger records what a handler saw and what it settled.
+type ledger struct {
+	mu       sync.Mutex
+	acked    map[string]int // message id → times acked
+	seen     int
+	batches  []int
+	redelivd map[string]bool
+	changed  chan struct{}
+}
+
+func newLedger() *ledger {
+	return &ledger{acked: map[string]int{}, redelivd: map[string]bool{}, changed: make(chan struct{}, 1)}
+}
+
+func (l *ledger) record(b *queue.Batch, requeued func(i int) bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.batches = append(l.batches, len(b.Deliveries))
+	for i, d := range b.Deliveries {
+		l.seen++
+		if d.Redelivered {
+			l.redelivd[d.MessageID] = true
+		}
+		if !requeued(i) {
+			l.acked[d.MessageID]++
+		}
+	}
+}
+
+func (l *ledger) ackedCount() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.acked)
+}
+
+// exactlyOnce fails unless ids m0…m(n-1) were each acked once.
+func (l *ledger) exactlyOnce(t *testing.T, n int) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.acked) != n {
+		t.Errorf("acked %d distinct messages, want %d", len(l.acked), n)
+	}
+	for i := range n {
+		if got := l.acked[fmt.Sprintf("m%d", i)]; got != 1 {
+			t.Errorf("m%d acked %d times, want 1", i, got)
+		}
+	}
+}
+
+func TestConsumeBatchesAndMultipleAcks(t *testing.T) {
+	b := newBroker(t)
+	q := b.queueName()
+	pub := newPublisher(t, queue.PublisherConfig{})
+	if err := pub.Declare(t.Context(), q, nil); err != nil {
+		t.Fatal(err)
+	}
+	const n = 2000
+	fill(t, pub, q, n)
+
+	var results []queue.BatchResult
+	var mu sync.Mutex
+	l := newLedger()
+	c, r := startConsumer(t, queue.ConsumerConfig{
+		Queue: q, Prefetch: 500, MaxBatch: 100,
+		Hooks: queue.Hooks{Batch: func(br queue.BatchResult) { mu.Lock(); results = append(results, br); mu.Unlock() }},
+	}, func(_ context.Context, batch *queue.Batch) error {
+		l.record(batch, func(int) bool { return false })
+		return nil
+	})
+	if !eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
+		t.Fatalf("acked %d of %d", l.ackedCount(), n)
+	}
+	if !c.Connected() {
+		t.Error("Connected() = false while consuming")
+	}
+	r.stop(t, 10*time.Second)
+	if c.Connected() {
+		t.Error("Connected() = true after Consume returned")
+	}
+
+	l.exactlyOnce(t, n)
+	if len(l.redelivd) != 0 {
+		t.Errorf("%d messages marked redelivered, want none", len(l.redelivd))
+	}
+	if m := slices.Max(l.batches); m < 2 || m > 100 {
+		t.Errorf("largest batch %d, want 2…100 (batches: %v)", m, l.batches)
+	}
+	mu.Lock()
+	for _, br := range results {
+		if br.Err != nil || br.Attempt != 1 || br.Acked != br.Size || br.Requeued != 0 {
+			t.Errorf("hook got %+v", br)
+		}
+	}
+	mu.Unlock()
+	// The connection is closed: anything not acked would be back in the queue.
+	b.waitReady(q, 0, 5*time.Second)
+}
+
+func TestRequeuedDeliveriesComeBackRedelivered(t *testing.T) {
+	b := newBroker(t)
+	q := b.queueName()
+	pub := newPublisher(t, queue.PublisherConfig{})
+	if err := pub.Declare(t.Context(), q, nil); err != nil {
+		t.Fatal(err)
+	}
+	const n = 40
+	fill(t, pub, q, n)
+
+	l := newLedger()
+	var mu sync.Mutex
+	requeuedOnce := map[string]bool{}
+	_, r := startConsumer(t, queue.ConsumerConfig{Queue: q}, func(_ context.Context, batch *queue.Batch) error {
+		mu.Lock()
+		defer mu.Unlock()
+		var marked []int
+		for i, d := range batch.Deliveries {
+			var k int
+			_, _ = fmt.Sscanf(d.MessageID, "m%d", &k)
+			// Every third message is requeued on first sight: interleaved
+			// runs of acks and nacks in one batch.
+			if k%3 == 0 && !requeuedOnce[d.MessageID] {
+				if d.Redelivered {
+					t.Errorf("%s redelivered before it was requeued", d.MessageID)
+				}
+				requeuedOnce[d.MessageID] = true
+				batch.Requeue(i)
+				marked = append(marked, i)
+			}
+		}
+		l.record(batch, func(i int) bool { return slices.Contains(marked, i) })
+		return nil
+	})
+	if !eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
+		t.Fatalf("acked %d of %d", l.ackedCount(), n)
+	}
+	r.stop(t, 10*time.Second)
+
+	l.exactlyOnce(t, n)
+	for i := range n {
+		id := fmt.Sprintf("m%d", i)
+		if want := i%3 == 0; l.redelivd[id] != want {
+			t.Errorf("%s: redelivered=%v, want %v", id, l.redelivd[id], want)
+		}
+	}
+	b.waitReady(q, 0, 5*time.Second)
+}
+
+func TestHandlerErrorRetriesTheHeldBatch(t *testing.T) {
+	b := newBroker(t)
+	q := b.queueName()
+	pub := newPublisher(t, queue.PublisherConfig{})
+	if err := pub.Declare(t.Context(), q, nil); err != nil {
+		t.Fatal(err)
+	}
+	const n, failures = 30, 3
+	fill(t, pub, q, n)
+
+	type call struct {
+		at      time.Time
+		attempt int
+		tags    []uint64
+	}
+	var mu sync.Mutex
+	calls := map[uint64][]call{} // by the batch's first tag
+	l := newLedger()
+	bo := queue.Backoff{Min: 40 * time.Millisecond, Max: 200 * time.Millisecond}
+	_, r := startConsumer(t, queue.ConsumerConfig{Queue: q, MaxBatch: 50, Backoff: bo}, func(_ context.Context, batch *queue.Batch) error {
+		var tags []uint64
+		for _, d := range batch.Deliveries {
+			if d.Redelivered {
+				t.Errorf("%s redelivered: the batch should have been held, not nacked", d.MessageID)
+			}
+			tags = append(tags, d.DeliveryTag)
+		}
+		mu.Lock()
+		calls[tags[0]] = append(calls[tags[0]], call{time.Now(), batch.Attempt, tags})
+		mu.Unlock()
+		if batch.Attempt <= failures {
+			return errBoom
+		}
+		l.record(batch, func(int) bool { return false })
+		return nil
+	})
+	if !eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
+		t.Fatalf("acked %d of %d", l.ackedCount(), n)
+	}
+	r.stop(t, 10*time.Second)
+
+	l.exactlyOnce(t, n)
+	mu.Lock()
+	defer mu.Unlock()
+	for first, cs := range calls {
+		if len(cs) != failures+1 {
+			t.Errorf("batch at tag %d: %d calls, want %d", first, len(cs), failures+1)
+			continue
+		}
+		for i, c := range cs {
+			if c.attempt != i+1 {
+				t.Errorf("batch at tag %d: call %d has Attempt %d", first, i, c.attempt)
+			}
+			if !slices.Equal(c.tags, cs[0].tags) {
+				t.Errorf("batch at tag %d: call %d got tags %v, want the same batch %v", first, i, c.tags, cs[0].tags)
+			}
+			if i > 0 {
+				// Attempt k waits at least half of min(Max, Min·2^(k-1)).
+				minWait := min(bo.Max, bo.Min<<(i-1)) / 2
+				if gap := c.at.Sub(cs[i-1].at); gap < minWait {
+					t.Errorf("batch at tag %d: retry %d after %s, want ≥ %s", first, i, gap, minWait)
+				}
+			}
+		}
+	}
+	b.waitReady(q, 0, 5*time.Second)
+}
+
+func TestGracefulStopLetsTheHandlerFinish(t *testing.T) {
+	b := newBroker(t)
+	q := b.queueName()
+	pub := newPublisher(t, queue.PublisherConfig{})
+	if err := pub.Declare(t.Context(), q, nil); err != nil {
+		t.Fatal(err)
+	}
+	const n = 300
+	fill(t, pub, q, n)
+
+	inHandler := make(chan int, 1)
+	release := make(chan struct{})
+	handlerCtxErr := make(chan error, 1)
+	calls := 0
+	_, r := startConsumer(t, queue.ConsumerConfig{Queue: q, Prefetch: 100, MaxBatch: 10}, func(ctx context.Context, batch *queue.Batch) error {
+		calls++
+		if calls > 1 {
+			t.Error("handler called again after the stop began")
+			return nil
+		}
+		inHandler <- len(batch.Deliveries)
+		<-release
+		handlerCtxErr <- ctx.Err()
+		return nil
+	})
+	size := receive(t, inHandler, 10*time.Second, "the first batch")
+
+	stopped := make(chan time.Duration, 1)
+	go func() { stopped <- r.stop(t, 10*time.Second) }()
+	// The handler keeps running after the cancel, until it is done.
+	time.Sleep(100 * time.Millisecond) // let the cancel land while the handler works
+	select {
+	case <-stopped:
+		t.Fatal("Consume returned while its handler was still running")
+	default:
+	}
+	close(release)
+	if err := receive(t, handlerCtxErr, 5*time.Second, "handler end"); err != nil {
+		t.Errorf("handler context ended (%v) within the stop grace", err)
+	}
+	took := receive(t, stopped, 10*time.Second, "Consume to return")
+	t.Logf("stop took %s, of which ~100ms waiting for the handler", took)
+	if took > 2*time.Second {
+		t.Errorf("stop took %s", took)
+	}
+	// The finished batch is acked; the rest of the prefetch is back.
+	b.waitReady(q, n-size, 5*time.Second)
+}
+
+func TestGracefulStopBoundsAStuckHandler(t *testing.T) {
+	b := newBroker(t)
+	q := b.queueName()
+	pub := newPublisher(t, queue.PublisherConfig{})
+	if err := pub.Declare(t.Context(), q, nil); err != nil {
+		t.Fatal(err)
+	}
+	const n = 50
+	fill(t, pub, q, n)
+
+	inHandler := make(chan struct{}, 1)
+	_, r := startConsumer(t, queue.ConsumerConfig{Queue: q, StopGrace: 300 * time.Millisecond}, func(ctx context.Context, batch *queue.Batch) error {
+		select {
+		case inHandler <- struct{}{}:
+		default:
+		}
+		<-ctx.Done() // stuck until the grace runs out
+		return ctx.Err()
+	})
+	receive(t, inHandler, 10*time.Second, "the first batch")
+	took := r.stop(t, 5*time.Second)
+	if took < 300*time.Millisecond || took > 2*time.Second {
+		t.Errorf("stop took %s, want the 300ms grace and a little more", took)
+	}
+	b.waitReady(q, n, 5*time.Second) // nothing acked
+}
+
+func TestReconnectAfterNetworkCut(t *testing.T) {
+	b := newBroker(t)
+	q := b.queueName()
+	pub := newPublisher(t, queue.PublisherConfig{})
+	if err := pub.Declare(t.Context(), q, nil); err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	fill(t, pub, q, n)
+
+	px, viaProxy := newProxy(t)
+	tr := &transitions{}
+	l := newLedger()
+	inHandler := make(chan struct{}, 1)
+	firstCtxErr := make(chan error, 1)
+	first := true
+	c, r := startConsumer(t, queue.ConsumerConfig{
+		URL: viaProxy, Queue: q, Backoff: queue.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond},
+		Hooks: queue.Hooks{Connection: tr.hook},
+	}, func(ctx context.Context, batch *queue.Batch) error {
+		if first {
+			first = false
+			inHandler <- struct{}{}
+			<-ctx.Done() // ends when the channel dies
+			firstCtxErr <- ctx.Err()
+			return nil // claim success: the acks must not reach the new channel
+		}
+		l.record(batch, func(int) bool { return false })
+		return nil
+	})
+	receive(t, inHandler, 10*time.Second, "the first batch")
+	if cut := px.cut(); cut != 1 {
+		t.Fatalf("cut %d connections, want 1", cut)
+	}
+	if err := receive(t, firstCtxErr, 5*time.Second, "the handler's context to end with the channel"); !errors.Is(err, context.Canceled) {
+		t.Errorf("handler ctx: %v", err)
+	}
+	if !eventually(15*time.Second, func() bool { return l.ackedCount() == n }) {
+		t.Fatalf("acked %d of %d after the cut", l.ackedCount(), n)
+	}
+	if !tr.reconnected() || !c.Connected() {
+		t.Errorf("transitions %v, connected %v; want up, down, up", tr.get(), c.Connected())
+	}
+	r.stop(t, 10*time.Second)
+
+	l.exactlyOnce(t, n)
+	// The batch held at the cut came back marked.
+	if len(l.redelivd) == 0 {
+		t.Error("no delivery marked Redelivered after the cut")
+	}
+	b.waitReady(q, 0, 5*time.Second)
+}
+
+func TestReconnectAfterBrokerClosesConnection(t *testing.T) {
+	b := newBroker(t)
+	q := b.queueName()
+	name := "klaxon-test-" + q
+	pub := newPublisher(t, queue.PublisherConfig{ConnectionName: name + "-pub"})
+	if err := pub.Declare(t.Context(), q, nil); err != nil {
+		t.Fatal(err)
+	}
+	tr := &transitions{}
+	l := newLedger()
+	c, r := startConsumer(t, queue.ConsumerConfig{
+		Queue: q, ConnectionName: name, Backoff: queue.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond},
+		Hooks: queue.Hooks{Connection: tr.hook},
+	}, func(_ context.Context, batch *queue.Batch) error {
+		l.record(batch, func(int) bool { return false })
+		return nil
+	})
+	if !eventually(10*time.Second, c.Connected) {
+		t.Fatal("consumer never connected")
+	}
+	closeConnection(t, name)
+	if !eventually(10*time.Second, func() bool { return tr.reconnected() && c.Connected() }) {
+		t.Fatalf("consumer transitions %v; want up, down, up", tr.get())
+	}
+
+	// The publisher's connection goes the same way and comes back on use.
+	closeConnection(t, name+"-pub")
+	if !eventually(10*time.Second, func() bool { return !pub.Connected() }) {
+		t.Fatal("publisher still reports connected after the broker closed it")
+	}
+	const n = 10
+	fill(t, pub, q, n)
+	if !eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
+		t.Fatalf("acked %d of %d", l.ackedCount(), n)
+	}
+	r.stop(t, 10*time.Second)
+	l.exactlyOnce(t, n)
+}
+
+func TestConsumerRecoversWhenItsQueueIsDeleted(t *testing.T) {
+	b := newBroker(t)
+	q := b.queueName()
+	tr := &transitions{}
+	l := newLedger()
+	c, r := startConsumer(t, queue.ConsumerConfig{
+		Queue: q, Backoff: queue.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond},
+		Hooks: queue.Hooks{Connection: tr.hook},
+	}, func(_ context.Context, batch *queue.Batch) error {
+		l.record(batch, func(int) bool { return false })
+		return nil
+	})
+	if !eventually(10*time.Second, c.Connected) {
+		t.Fatal("consumer never connected")
+	}
+	ch := b.channel()
+	if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	_ = ch.Close()
+	// The broker cancels the consumer; the Consumer starts over and declares the queue again.
+	if !eventually(10*time.Second, func() bool { return tr.reconnected() && c.Connected() }) {
+		t.Fatalf("transitions %v; want up, down, up", tr.get())
+	}
+	if b.ready(q) != 0 {
+		t.Fatal("queue not declared again")
+	}
+	pub := newPublisher(t, queue.PublisherConfig{})
+	fill(t, pub, q, 3)
+	if !eventually(10*time.Second, func() bool { return l.ackedCount() == 3 }) {
+		t.Fatalf("acked %d of 3", l.ackedCount())
+	}
+	r.stop(t, 10*time.Second)
+}
+
+func TestConsumerUsesAnExistingQueueWithOtherArguments(t *testing.T) {
+	b := newBroker(t)
+	q := b.queueName()
+	b.declare(q, amqp.Table{"x-max-length": int32(1000)}) // as if someone else made it
+	pub := newPublisher(t, queue.PublisherConfig{})
+	fill(t, pub, q, 5)
+
+	log, logs := newLogger(t)
+	l := newLedger()
+	_, r := startConsumer(t, queue.ConsumerConfig{Queue: q, Logger: log}, func(_ context.Context, batch *queue.Batch) error {
+		l.record(batch, func(int) bool { return false })
+		return nil
+	})
+	if !eventually(10*time.Second, func() bool { return l.ackedCount() == 5 }) {
+		t.Fatalf("acked %d of 5", l.ackedCount())
+	}
+	r.stop(t, 10*time.Second)
+	if !strings.Contains(logs.String(), "queue exists with other arguments") {
+		t.Error("the argument mismatch was not logged")
+	}
+}
+
+func TestUnreachableBrokerIsLoggedOnceWithoutCredentials(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close() // nothing listens there now
+
+	log, logs := newLogger(t)
+	_, r := startConsumer(t, queue.ConsumerConfig{
+		URL: "amqp://klaxon:s3cr3t-pw@" + addr + "/", Queue: "nope", Logger: log,
+		Backoff: queue.Backoff{Min: 5 * time.Millisecond, Max: 20 * time.Millisecond},
+	}, func(context.Context, *queue.Batch) error { return nil })
+	if !eventually(5*time.Second, func() bool { return strings.Contains(logs.String(), "rabbitmq unavailable") }) {
+		t.Fatal("the failure was not logged")
+	}
+	time.Sleep(200 * time.Millisecond) // many more attempts fail meanwhile
+	r.stop(t, 5*time.Second)
+
+	out := logs.String()
+	if n := strings.Count(out, "rabbitmq unavailable"); n != 1 {
+		t.Errorf("logged the same failure %d times, want once", n)
+	}
+	if strings.Contains(out, "s3cr3t-pw") {
+		t.Errorf("password in the logs:\n%s", out)
+	}
+	if !strings.Contains(out, "klaxon:xxxxx@") {
+		t.Errorf("logs do not name the (redacted) URL:\n%s", out)
+	}
+
+	_, err = queue.NewConsumer(queue.ConsumerConfig{URL: "amqp://u:s3cr3t-pw@host:port/", Queue: "q"})
+	if err == nil || strings.Contains(err.Error(), "s3cr3t-pw") {
+		t.Errorf("invalid URL error %q: want an error without the password", err)
+	}
+}
+
+func TestNoGoroutinesLeftAfterReconnects(t *testing.T) {
+	b := newBroker(t)
+	q := b.queueName()
+	before := runtime.NumGoroutine()
+
+	func() {
+		px, viaProxy := newProxy(t)
+		pub, err := queue.NewPublisher(queue.PublisherConfig{URL: viaProxy, Backoff: queue.Backoff{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pub.Close()
+		if err := pub.Declare(t.Context(), q, nil); err != nil {
+			t.Fatal(err)
+		}
+		l := newLedger()
+		c, r := startConsumer(t, queue.ConsumerConfig{URL: viaProxy, Queue: q, Backoff: queue.Backoff{Min: 10 * time.Millisecond, Max: 50 * time.Millisecond}},
+			func(_ context.Context, batch *queue.Batch) error {
+				l.record(batch, func(int) bool { return false })
+				return nil
+			})
+		for round := range 3 {
+			if !eventually(10*time.Second, c.Connected) {
+				t.Fatalf("round %d: consumer not connected", round)
+			}
+			if err := pub.Publish(t.Context(), queue.Message{RoutingKey: q, MessageID: fmt.Sprintf("m%d", round)}); err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+			if !eventually(10*time.Second, func() bool { return l.ackedCount() == round+1 }) {
+				t.Fatalf("round %d: message not consumed", round)
+			}
+			px.cut()
+			if !eventually(10*time.Second, func() bool { return !c.Connected() || !pub.Connected() }) {
+				t.Fatalf("round %d: cut not noticed", round)
+			}
+		}
+		r.stop(t, 10*time.Second)
+		_ = pub.Close()
+		px.close()
+	}()
+
+	var after int
+	if !eventually(5*time.Second, func() bool { after = runtime.NumGoroutine(); return after <= before }) {
+		buf := make([]byte, 1<<20)
+		t.Fatalf("%d goroutines before, %d after:\n%s", before, after, buf[:runtime.Stack(buf, true)])
+	}
+}

@@ -1,0 +1,43 @@
+// Package queue is Klaxon's RabbitMQ plumbing: a Consumer that hands out
+// batches of deliveries and acknowledges them only when the handler says the
+// work they caused is durable, and a Publisher whose Publish returns only once
+// the broker has confirmed every message. Both reconnect on their own.
+//
+// Decisions worth knowing before changing this package:
+//
+//   - A handler error does not nack the batch. The Consumer keeps the same
+//     batch and calls the handler again after an exponential, jittered,
+//     capped backoff. Nacking would hand the messages straight back to the
+//     broker, which (with prefetch) pushes them again at once: a redelivery
+//     storm while, say, Redis is down, with order lost and every message
+//     marked Redelivered. Holding keeps order, costs no broker round trip,
+//     and the prefetch limit bounds what piles up client-side meanwhile. The
+//     price: while one worker holds a batch, no other worker gets those
+//     messages until this worker's channel closes (stop, crash, or the
+//     broker's consumer_timeout, 30 min by default). A handler must
+//     therefore return an error only for transient trouble shared by all
+//     workers, and settle per-message problems itself (dead-letter, Requeue).
+//
+//   - Settling a batch sends one basic.ack (multiple=true) or basic.nack
+//     (multiple=true, requeue=true) per run of equal outcomes, in tag order.
+//     This is safe because batches are handled one at a time on one channel:
+//     every tag below the batch's first is already settled, and tags on a
+//     channel only grow.
+//
+//   - Each consumer connection lives in a session. A batch remembers nothing
+//     but its own session's channel, so a tag is never acked on a channel
+//     that did not deliver it. When a channel dies, what it delivered is
+//     dropped; the broker redelivers it with Redelivered set.
+//
+//   - Publishing is mandatory: a message that no queue takes comes back as
+//     basic.return (before its confirm), and Publish reports ErrUnroutable
+//     instead of the broker dropping it silently. Each Publish call has a
+//     channel to itself for its duration, so the returns and confirms seen
+//     on it belong to that call alone. Queues declared through the
+//     Publisher are declared again on every new connection, and again when
+//     a publish to one of them comes back unroutable, so a queue deleted
+//     under a running worker heals on the caller's retry.
+//
+// Credentials never reach the logs: URLs are logged redacted, and an
+// unparsable URL is reported without its text.
+package queue

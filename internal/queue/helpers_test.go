@@ -1,0 +1,411 @@
+package queue_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/klaxonhq/klaxon/internal/queue"
+)
+
+const defaultTestURL = "amqp://guest:guest@127.0.0.1:5672/"
+
+// brokerURL is the real RabbitMQ the tests use; KLAXON_TEST_AMQP_URL overrides it.
+func brokerURL() string {
+	if u := os.Getenv("KLAXON_TEST_AMQP_URL"); u != "" {
+		return u
+	}
+	return defaultTestURL
+}
+
+// broker is the test's own admin connection, for what the code under test
+// must not be trusted to report: queue depths, raw gets, deletes.
+type broker struct {
+	t    testing.TB
+	url  string
+	conn *amqp.Connection
+}
+
+func newBroker(t testing.TB) *broker {
+	t.Helper()
+	u := brokerURL()
+	conn, err := amqp.DialConfig(u, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
+	if err != nil {
+		t.Fatalf("RabbitMQ does not answer at %s: %v\n"+
+			"start it (see DEVELOPERS.md) or point KLAXON_TEST_AMQP_URL at one; these tests never fake the broker",
+			redacted(u), err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return &broker{t: t, url: u, conn: conn}
+}
+
+func redacted(raw string) string {
+	if u, err := url.Parse(raw); err == nil {
+		return u.Redacted()
+	}
+	return "(unparsable URL)"
+}
+
+// channel opens a fresh channel: a failed passive declare closes the one it ran on.
+func (b *broker) channel() *amqp.Channel {
+	b.t.Helper()
+	ch, err := b.conn.Channel()
+	if err != nil {
+		b.t.Fatalf("admin channel: %v", err)
+	}
+	return ch
+}
+
+// queueName returns a unique name, deleting the queue (and its companions
+// with the given suffixes) when the test ends.
+func (b *broker) queueName(suffixes ...string) string {
+	b.t.Helper()
+	name := fmt.Sprintf("klaxon-test-%s-%s", strings.ReplaceAll(b.t.Name(), "/", "-"), rand.Text()[:8])
+	b.t.Cleanup(func() {
+		ch, err := b.conn.Channel()
+		if err != nil {
+			return
+		}
+		defer ch.Close()
+		for _, s := range append([]string{""}, suffixes...) {
+			_, _ = ch.QueueDelete(name+s, false, false, false)
+		}
+	})
+	return name
+}
+
+func (b *broker) declare(name string, args amqp.Table) {
+	b.t.Helper()
+	ch := b.channel()
+	defer ch.Close()
+	if _, err := ch.QueueDeclare(name, true, false, false, false, args); err != nil {
+		b.t.Fatalf("declare %s: %v", name, err)
+	}
+}
+
+// ready is the number of messages ready in the queue, -1 if it does not exist.
+func (b *broker) ready(name string) int {
+	b.t.Helper()
+	ch := b.channel()
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+	if err != nil {
+		return -1
+	}
+	return q.Messages
+}
+
+func (b *broker) waitReady(name string, want int, within time.Duration) {
+	b.t.Helper()
+	got := 0
+	if !eventually(within, func() bool { got = b.ready(name); return got == want }) {
+		b.t.Fatalf("queue %s holds %d ready messages after %s, want %d", name, got, within, want)
+	}
+}
+
+// fill publishes n messages with ids "m<i>" through the code under test.
+func fill(t testing.TB, p *queue.Publisher, q string, n int) {
+	t.Helper()
+	const chunk = 1000
+	for i := 0; i < n; i += chunk {
+		msgs := make([]queue.Message, 0, chunk)
+		for j := i; j < min(n, i+chunk); j++ {
+			id := fmt.Sprintf("m%d", j)
+			msgs = append(msgs, queue.Message{RoutingKey: q, MessageID: id, Body: []byte(`{"n":"` + id + `"}`), ContentType: "application/json"})
+		}
+		if err := p.Publish(t.Context(), msgs...); err != nil {
+			t.Fatalf("fill %s: %v", q, err)
+		}
+	}
+}
+
+// eventually polls cond until it holds or within passes.
+func eventually(within time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(within)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// receive waits for a value on c.
+func receive[T any](t testing.TB, c <-chan T, within time.Duration, what string) T {
+	t.Helper()
+	select {
+	case v := <-c:
+		return v
+	case <-time.After(within):
+		t.Fatalf("timed out after %s waiting for %s", within, what)
+		panic("unreachable")
+	}
+}
+
+// logger writes to the test's output, and keeps a copy to inspect.
+type logger struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+	out io.Writer
+}
+
+func newLogger(t testing.TB) (*slog.Logger, *logger) {
+	l := &logger{out: t.Output()}
+	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug})), l
+}
+
+func (l *logger) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf.Write(p)
+	return l.out.Write(p)
+}
+
+func (l *logger) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+func newPublisher(t testing.TB, cfg queue.PublisherConfig) *queue.Publisher {
+	t.Helper()
+	if cfg.URL == "" {
+		cfg.URL = brokerURL()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger, _ = newLogger(t)
+	}
+	p, err := queue.NewPublisher(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// running is a Consume call in the background.
+type running struct {
+	cancel  context.CancelFunc
+	done    chan error
+	stopped bool
+}
+
+func startConsumer(t testing.TB, cfg queue.ConsumerConfig, h queue.Handler) (*queue.Consumer, *running) {
+	t.Helper()
+	if cfg.URL == "" {
+		cfg.URL = brokerURL()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger, _ = newLogger(t)
+	}
+	c, err := queue.NewConsumer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- c.Consume(ctx, h) }()
+	t.Cleanup(func() { r.stop(t, 10*time.Second) })
+	return c, r
+}
+
+// stop cancels Consume and waits for it to return, within the given time.
+// Later calls return at once.
+func (r *running) stop(t testing.TB, within time.Duration) time.Duration {
+	t.Helper()
+	if r.stopped {
+		return 0
+	}
+	r.stopped = true
+	start := time.Now()
+	r.cancel()
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Errorf("Consume returned %v", err)
+		}
+	case <-time.After(within):
+		t.Fatalf("Consume did not return within %s of cancel", within)
+	}
+	return time.Since(start)
+}
+
+// proxy forwards TCP to the broker, so a test can cut its connections the way
+// a network failure does, without touching anyone else's.
+type proxy struct {
+	ln     net.Listener
+	target string
+	wg     sync.WaitGroup
+
+	mu    sync.Mutex
+	conns []net.Conn
+
+	// gate stops broker→client traffic while write-locked (see hold).
+	gate sync.RWMutex
+	held bool
+}
+
+func newProxy(t testing.TB) (*proxy, string) {
+	t.Helper()
+	u, err := url.Parse(brokerURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := u.Host
+	if u.Port() == "" {
+		target = net.JoinHostPort(u.Hostname(), "5672")
+	}
+	p := &proxy{ln: ln, target: target}
+	p.wg.Go(p.accept)
+	t.Cleanup(p.close)
+	u.Host = ln.Addr().String()
+	return p, u.String()
+}
+
+func (p *proxy) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, up)
+		p.mu.Unlock()
+		p.wg.Go(func() { _, _ = io.Copy(up, c); _ = up.Close() })
+		p.wg.Go(func() { p.down(c, up); _ = c.Close() })
+	}
+}
+
+// down copies broker→client, passing the gate for every chunk.
+func (p *proxy) down(c, up net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := up.Read(buf)
+		if n > 0 {
+			p.gate.RLock()
+			_, werr := c.Write(buf[:n])
+			p.gate.RUnlock()
+			if werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// hold stops passing anything from the broker to clients (confirms, acks,
+// deliveries) until cut.
+func (p *proxy) hold() {
+	p.gate.Lock()
+	p.mu.Lock()
+	p.held = true
+	p.mu.Unlock()
+}
+
+// cut closes every connection through the proxy, and says how many it cut.
+func (p *proxy) cut() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.held {
+		p.held = false
+		defer p.gate.Unlock()
+	}
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	n := len(p.conns) / 2
+	p.conns = nil
+	return n
+}
+
+func (p *proxy) close() {
+	_ = p.ln.Close()
+	p.cut()
+	p.wg.Wait()
+}
+
+// closeConnection asks the broker to close the connection the client named
+// name, as `rabbitmqctl close_all_connections` or a broker shutdown does.
+// It skips the test where rabbitmqctl cannot reach the broker (e.g. RabbitMQ
+// in a container): the proxy tests cover reconnecting there.
+func closeConnection(t testing.TB, name string) {
+	t.Helper()
+	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
+		t.Skip("rabbitmqctl not found; the proxy tests cover reconnects")
+	}
+	var pid string
+	ok := eventually(10*time.Second, func() bool {
+		out, err := exec.Command("rabbitmqctl", "list_connections", "--silent", "pid", "client_properties").CombinedOutput()
+		if err != nil {
+			t.Skipf("rabbitmqctl list_connections: %v: %s", err, out)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.Contains(line, `"`+name+`"`) {
+				pid, _, _ = strings.Cut(line, "\t")
+				return true
+			}
+		}
+		return false
+	})
+	if !ok {
+		t.Fatalf("no broker connection named %q", name)
+	}
+	out, err := exec.Command("rabbitmqctl", "close_connection", pid, "klaxon test: forced close").CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl close_connection %s: %v: %s", pid, err, out)
+	}
+}
+
+// transitions records Hooks.Connection calls.
+type transitions struct {
+	mu  sync.Mutex
+	log []bool
+}
+
+func (tr *transitions) hook(up bool) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	tr.log = append(tr.log, up)
+}
+
+func (tr *transitions) get() []bool {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return append([]bool(nil), tr.log...)
+}
+
+// reconnected reports whether the log shows up, down, up.
+func (tr *transitions) reconnected() bool {
+	l := tr.get()
+	return len(l) >= 3 && l[0] && !l[1] && l[2]
+}
+
+var errBoom = errors.New("boom: pretend Redis is down")

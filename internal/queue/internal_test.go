@@ -1,0 +1,73 @@
+package queue
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPlanSettle(t *testing.T) {
+	ds := func(tags ...uint64) []Delivery {
+		out := make([]Delivery, len(tags))
+		for i, tag := range tags {
+			out[i].DeliveryTag = tag
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name    string
+		ds      []Delivery
+		requeue []bool
+		want    []settleOp
+	}{
+		{"all acked: one multiple ack", ds(5, 6, 7, 8), nil,
+			[]settleOp{{tag: 8, ack: true, multiple: true}}},
+		{"all requeued: one multiple nack", ds(5, 6, 7), []bool{true, true, true},
+			[]settleOp{{tag: 7, multiple: true}}},
+		{"runs in tag order", ds(1, 2, 3, 4, 5, 6), []bool{false, false, true, false, true, true},
+			[]settleOp{{tag: 2, ack: true, multiple: true}, {tag: 3, multiple: true}, {tag: 4, ack: true, multiple: true}, {tag: 6, multiple: true}}},
+		{"single", ds(9), nil, []settleOp{{tag: 9, ack: true, multiple: true}}},
+		{"tags not increasing: one by one", ds(3, 2), []bool{false, true},
+			[]settleOp{{tag: 3, ack: true}, {tag: 2}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := planSettle(tc.ds, tc.requeue); !slices.Equal(got, tc.want) {
+				t.Errorf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestBackoffDelay(t *testing.T) {
+	b := Backoff{Min: 100 * time.Millisecond, Max: time.Second}
+	for n, ceil := range map[int]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond, 4: 800 * time.Millisecond, 5: time.Second, 500: time.Second} {
+		for range 200 {
+			if d := b.Delay(n); d < ceil/2 || d > ceil {
+				t.Fatalf("Delay(%d) = %s, want %s…%s", n, d, ceil/2, ceil)
+			}
+		}
+	}
+	if d := (Backoff{}).Delay(1); d < 50*time.Millisecond || d > 100*time.Millisecond {
+		t.Errorf("default Delay(1) = %s", d)
+	}
+}
+
+func TestURLsNeverShowPasswords(t *testing.T) {
+	if got := redactURL("amqp://user:hunter2@rabbit:5672/vh"); strings.Contains(got, "hunter2") || !strings.Contains(got, "user:xxxxx@rabbit") {
+		t.Errorf("redactURL = %q", got)
+	}
+	for _, bad := range []string{"amqp://user:hunter2@rabbit:port/", "amqp://user:hun ter2@rabbit/", "http://user:hunter2@rabbit/", "amqp://user:hunter2@[::1/"} {
+		err := validateURL(bad)
+		if err == nil {
+			t.Errorf("validateURL(%q) = nil", bad)
+			continue
+		}
+		if strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("validateURL(%q) = %q: leaks the password", bad, err)
+		}
+	}
+	if err := validateURL("amqp://guest:guest@127.0.0.1:5672/"); err != nil {
+		t.Error(err)
+	}
+}

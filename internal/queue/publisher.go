@@ -1,0 +1,466 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Errors Publish wraps. Whatever the error, none of the call's messages may be
+// taken as stored: the caller keeps (does not ack) what led to them, and the
+// redelivery that follows publishes them again — at least once.
+var (
+	// ErrNacked means the broker refused some of the messages.
+	ErrNacked = errors.New("broker nacked the message")
+	// ErrUnroutable means no queue took some of the messages (for the default
+	// exchange: the queue does not exist).
+	ErrUnroutable = errors.New("message unroutable")
+	// ErrClosed means the Publisher was closed.
+	ErrClosed = errors.New("publisher closed")
+)
+
+// PublisherConfig configures a Publisher. Zero values take the defaults shown.
+type PublisherConfig struct {
+	URL string // AMQP URL; required
+	// ConnectionName is shown in the broker's connection list [klaxon-publisher].
+	ConnectionName string
+	// Backoff spaces reconnect attempts [100 ms … 10 s].
+	Backoff Backoff
+	// MaxIdleChannels is how many confirm-mode channels are kept open for
+	// reuse between calls [16]. More concurrent calls open more channels.
+	MaxIdleChannels int
+	Logger          *slog.Logger // [slog.Default()]
+	Hooks           Hooks
+}
+
+// Message is one message to publish. It is always sent persistent.
+type Message struct {
+	// Exchange is "" for the default exchange, where RoutingKey names the queue.
+	Exchange        string
+	RoutingKey      string
+	Body            []byte
+	Headers         amqp.Table
+	MessageID       string
+	ContentType     string
+	ContentEncoding string
+	Timestamp       time.Time
+}
+
+func (m Message) publishing() amqp.Publishing {
+	return amqp.Publishing{
+		Headers:         m.Headers,
+		ContentType:     m.ContentType,
+		ContentEncoding: m.ContentEncoding,
+		DeliveryMode:    amqp.Persistent,
+		MessageId:       m.MessageID,
+		Timestamp:       m.Timestamp,
+		Body:            m.Body,
+	}
+}
+
+// Publisher publishes with publisher confirms over one connection that it
+// re-establishes when lost. It is safe for concurrent use. Create it with
+// NewPublisher and Close it when done.
+type Publisher struct {
+	cfg   PublisherConfig
+	log   *slog.Logger
+	state *connState
+
+	life     context.Context // cancelled by Close, to cut short waits for a connection
+	shutdown context.CancelFunc
+
+	// sem guards the fields below; a channel rather than a mutex so that
+	// waiting for it (behind a dial) honours ctx.
+	sem      chan struct{}
+	cur      *pubConn
+	failures int
+	retryAt  time.Time
+	lastErr  error
+	queues   map[string]amqp.Table // declared through Declare; redeclared on every connection
+	closed   bool
+}
+
+// NewPublisher checks cfg and fills in its defaults. It does not connect:
+// the first call that needs the broker does.
+func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
+	if err := validateURL(cfg.URL); err != nil {
+		return nil, err
+	}
+	if cfg.ConnectionName == "" {
+		cfg.ConnectionName = "klaxon-publisher"
+	}
+	cfg.Backoff = cfg.Backoff.withDefaults()
+	if cfg.MaxIdleChannels <= 0 {
+		cfg.MaxIdleChannels = 16
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	log := cfg.Logger.With("component", "amqp-publisher", "url", redactURL(cfg.URL))
+	life, shutdown := context.WithCancel(context.Background())
+	return &Publisher{
+		cfg:      cfg,
+		log:      log,
+		state:    newConnState(log, cfg.Hooks.Connection),
+		life:     life,
+		shutdown: shutdown,
+		sem:      make(chan struct{}, 1),
+		queues:   make(map[string]amqp.Table),
+	}, nil
+}
+
+// Connected reports whether the Publisher holds an open connection, for /readyz.
+func (p *Publisher) Connected() bool { return p.state.up.Load() }
+
+// Publish sends msgs, all of them before waiting, and returns once the broker
+// has confirmed every one: nil means each message is stored in a queue. It
+// returns an error wrapping ErrNacked or ErrUnroutable when the broker
+// refused or could not route some, amqp.ErrClosed or another connection
+// error when the connection dropped before every confirm arrived, and
+// ctx.Err() when ctx ended first. Messages are never retried here: the
+// caller's redelivery is the retry.
+//
+// Without a connection, Publish connects first, waiting out the reconnect
+// backoff if a recent attempt failed, for as long as ctx allows.
+func (p *Publisher) Publish(ctx context.Context, msgs ...Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	start := time.Now()
+	err := p.publish(ctx, msgs)
+	if p.cfg.Hooks.Publish != nil {
+		p.cfg.Hooks.Publish(PublishResult{Messages: len(msgs), Took: time.Since(start), Err: err})
+	}
+	return err
+}
+
+func (p *Publisher) publish(ctx context.Context, msgs []Message) error {
+	pc, err := p.connection(ctx)
+	if err != nil {
+		return err
+	}
+	ch, err := pc.acquire()
+	if err != nil {
+		return fmt.Errorf("open publishing channel: %w", err)
+	}
+	returned, reusable, err := ch.publish(ctx, msgs)
+	pc.release(ch, reusable)
+	if errors.Is(err, ErrUnroutable) {
+		p.redeclare(ctx, returned)
+	}
+	return err
+}
+
+// Declare declares a durable queue with args (see declareQueue for a queue
+// that exists with other arguments) and remembers it: it is declared again
+// on every new connection and whenever a publish to it comes back
+// unroutable. Use it for `<queue>.dead`, delivery and retry queues. Like
+// Publish, it connects first if needed.
+func (p *Publisher) Declare(ctx context.Context, name string, args amqp.Table) error {
+	pc, err := p.connection(ctx)
+	if err != nil {
+		return err
+	}
+	// Not context-aware: amqp091 waits for the broker's answer, which comes
+	// at once unless the connection is dead (then heartbeats end the wait).
+	if err := declareQueue(pc.conn, p.log, name, args); err != nil {
+		return err
+	}
+	select {
+	case p.sem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	p.queues[name] = args
+	<-p.sem
+	return nil
+}
+
+// DeclareDelay declares a retry queue: a message published to `name` waits
+// there for ttl, then the broker moves it to the queue `target` (dead
+// lettering through the default exchange). A queue has one TTL, so each
+// retry delay needs its own queue (per-message TTLs would expire only at the
+// head of the queue, holding short delays behind long ones).
+func (p *Publisher) DeclareDelay(ctx context.Context, name, target string, ttl time.Duration) error {
+	if ttl < time.Millisecond {
+		return fmt.Errorf("delay queue %q: ttl %s is below 1 ms", name, ttl)
+	}
+	return p.Declare(ctx, name, amqp.Table{
+		"x-message-ttl":             ttl.Milliseconds(),
+		"x-dead-letter-exchange":    "",
+		"x-dead-letter-routing-key": target,
+	})
+}
+
+// Close closes the connection. Calls in flight fail; later calls return ErrClosed.
+func (p *Publisher) Close() error {
+	p.shutdown()
+	p.sem <- struct{}{} // quick: every wait holding sem watches p.life
+	defer func() { <-p.sem }()
+	p.closed = true
+	if p.cur != nil {
+		p.cur.close()
+		p.cur = nil
+	}
+	return nil
+}
+
+// connection returns the open connection, dialing when there is none.
+func (p *Publisher) connection(ctx context.Context) (*pubConn, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(p.life, cancel)
+	defer stop()
+
+	select {
+	case p.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, p.ctxErr(ctx)
+	}
+	defer func() { <-p.sem }()
+
+	for {
+		if p.closed {
+			return nil, ErrClosed
+		}
+		if p.cur != nil {
+			if !p.cur.conn.IsClosed() {
+				return p.cur, nil
+			}
+			p.cur.close() // reaps its watcher, which recorded the loss
+			p.cur = nil
+		}
+		if wait := time.Until(p.retryAt); wait > 0 && !sleep(ctx, wait) {
+			return nil, fmt.Errorf("reconnect after %w: %w", p.lastErr, p.ctxErr(ctx))
+		}
+		conn, err := dial(ctx, p.cfg.URL, p.cfg.ConnectionName)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("connect: %w", p.ctxErr(ctx))
+			}
+			p.failures++
+			p.retryAt = time.Now().Add(p.cfg.Backoff.Delay(p.failures))
+			p.lastErr = fmt.Errorf("connect: %w", err)
+			p.state.setDown(p.lastErr)
+			continue
+		}
+		p.failures, p.retryAt, p.lastErr = 0, time.Time{}, nil
+		p.cur = newPubConn(conn, p.cfg.MaxIdleChannels, p.state)
+		for _, name := range slices.Sorted(maps.Keys(p.queues)) {
+			if err := declareQueue(conn, p.log, name, p.queues[name]); err != nil {
+				p.log.Warn("redeclare queue on new connection", "queue", name, "err", err)
+			}
+		}
+		p.state.setUp()
+		return p.cur, nil
+	}
+}
+
+// ctxErr tells a closed Publisher from the caller's own ctx ending.
+func (p *Publisher) ctxErr(ctx context.Context) error {
+	if p.life.Err() != nil {
+		return ErrClosed
+	}
+	return ctx.Err()
+}
+
+// redeclare declares again the remembered queues that returned messages
+// were addressed to (through the default exchange), so that the caller's
+// retry finds them.
+func (p *Publisher) redeclare(ctx context.Context, returned []amqp.Return) {
+	select {
+	case p.sem <- struct{}{}:
+	case <-ctx.Done():
+		return
+	}
+	defer func() { <-p.sem }()
+	if p.cur == nil {
+		return
+	}
+	done := map[string]bool{}
+	for _, r := range returned {
+		args, known := p.queues[r.RoutingKey]
+		if r.Exchange != "" || !known || done[r.RoutingKey] {
+			continue
+		}
+		done[r.RoutingKey] = true
+		if err := declareQueue(p.cur.conn, p.log, r.RoutingKey, args); err != nil {
+			p.log.Warn("redeclare missing queue", "queue", r.RoutingKey, "err", err)
+			continue
+		}
+		p.log.Warn("queue was missing; declared it again", "queue", r.RoutingKey)
+	}
+}
+
+// pubConn is one connection and its idle confirm-mode channels.
+type pubConn struct {
+	conn       *amqp.Connection
+	maxIdle    int
+	watcherEnd chan struct{}
+
+	mu   sync.Mutex
+	idle []*pubChannel
+}
+
+func newPubConn(conn *amqp.Connection, maxIdle int, state *connState) *pubConn {
+	pc := &pubConn{conn: conn, maxIdle: maxIdle, watcherEnd: make(chan struct{})}
+	closes := conn.NotifyClose(make(chan *amqp.Error, 1))
+	go func() {
+		defer close(pc.watcherEnd)
+		// Report a loss when it happens, not at the next Publish, so
+		// Connected (and /readyz) stays true to the facts.
+		if e, ok := <-closes; ok && e != nil {
+			state.setDown(fmt.Errorf("connection closed: %w", e))
+		} else {
+			state.setDown(nil)
+		}
+	}()
+	return pc
+}
+
+// close closes the connection and waits for its watcher.
+func (pc *pubConn) close() {
+	_ = pc.conn.CloseDeadline(time.Now().Add(closeTimeout))
+	<-pc.watcherEnd
+}
+
+// acquire hands out a channel for the exclusive use of one Publish call, so
+// that the returns and confirms seen on it are that call's alone.
+func (pc *pubConn) acquire() (*pubChannel, error) {
+	pc.mu.Lock()
+	if n := len(pc.idle); n > 0 {
+		ch := pc.idle[n-1]
+		pc.idle = pc.idle[:n-1]
+		pc.mu.Unlock()
+		return ch, nil
+	}
+	pc.mu.Unlock()
+
+	ch, err := pc.conn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
+		return nil, fmt.Errorf("enable publisher confirms: %w", err)
+	}
+	// Buffered, and drained while waiting for confirms: amqp091 gives up on
+	// a full listener after 5 s, which would lose a return.
+	returns := ch.NotifyReturn(make(chan amqp.Return, 128))
+	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
+	return &pubChannel{ch: ch, returns: returns, closes: closes}, nil
+}
+
+// release keeps ch for reuse when its state is clean (no confirm or return
+// outstanding), and closes it otherwise.
+func (pc *pubConn) release(ch *pubChannel, reusable bool) {
+	if reusable && !ch.ch.IsClosed() {
+		pc.mu.Lock()
+		if len(pc.idle) < pc.maxIdle {
+			pc.idle = append(pc.idle, ch)
+			pc.mu.Unlock()
+			return
+		}
+		pc.mu.Unlock()
+	}
+	_ = ch.ch.Close()
+}
+
+type pubChannel struct {
+	ch      *amqp.Channel
+	returns <-chan amqp.Return
+	closes  <-chan *amqp.Error // why the broker closed it, e.g. 404 for a missing exchange
+}
+
+// closeReason is the broker's reason for closing the channel, or amqp.ErrClosed.
+func (pch *pubChannel) closeReason() error {
+	select {
+	case e, ok := <-pch.closes:
+		if ok && e != nil {
+			return e
+		}
+	default:
+	}
+	return amqp.ErrClosed
+}
+
+// publish sends every message, then waits for every confirm. reusable
+// reports whether every confirm arrived, leaving the channel clean.
+func (pch *pubChannel) publish(ctx context.Context, msgs []Message) (returned []amqp.Return, reusable bool, err error) {
+	confs := make([]*amqp.DeferredConfirmation, 0, len(msgs))
+	for _, m := range msgs {
+		// mandatory: an unroutable message comes back instead of vanishing.
+		dc, err := pch.ch.PublishWithDeferredConfirmWithContext(ctx, m.Exchange, m.RoutingKey, true, false, m.publishing())
+		if err != nil {
+			return nil, false, fmt.Errorf("publish to %s: %w", target(m.Exchange, m.RoutingKey), err)
+		}
+		confs = append(confs, dc)
+	}
+
+	returns := pch.returns
+	for _, dc := range confs {
+	wait:
+		for {
+			select {
+			case <-dc.Done():
+				break wait
+			case r, ok := <-returns:
+				if !ok {
+					returns = nil // channel closed; its confirms are failing too
+					continue
+				}
+				returned = append(returned, r)
+			case <-ctx.Done():
+				return returned, false, fmt.Errorf("wait for publisher confirms: %w", ctx.Err())
+			}
+		}
+	}
+	// The broker sends a message's basic.return before its basic.ack, and
+	// amqp091 queues it before handling the ack: every return is here now.
+	for returns != nil {
+		select {
+		case r, ok := <-returns:
+			if !ok {
+				returns = nil
+				continue
+			}
+			returned = append(returned, r)
+		default:
+			returns = nil
+		}
+	}
+
+	nacked := 0
+	for _, dc := range confs {
+		if !dc.Acked() {
+			nacked++
+		}
+	}
+	switch {
+	case nacked > 0 && pch.ch.IsClosed():
+		// amqp091 fails outstanding confirms when the channel closes.
+		return returned, false, fmt.Errorf("%d of %d messages unconfirmed, channel closed: %w", nacked, len(msgs), pch.closeReason())
+	case nacked > 0:
+		return returned, true, fmt.Errorf("%d of %d messages: %w", nacked, len(msgs), ErrNacked)
+	case len(returned) > 0:
+		r := returned[0]
+		return returned, true, fmt.Errorf("%d of %d messages, first to %s (%d %s): %w",
+			len(returned), len(msgs), target(r.Exchange, r.RoutingKey), r.ReplyCode, r.ReplyText, ErrUnroutable)
+	}
+	return nil, true, nil
+}
+
+func target(exchange, key string) string {
+	if exchange == "" {
+		return "queue " + strconv.Quote(key)
+	}
+	return fmt.Sprintf("exchange %q key %q", exchange, key)
+}
