@@ -220,7 +220,15 @@ func indexOf(rs []*rules.Rule, r *rules.Rule) int {
 
 // args encodes a call as the script's ARGV.
 func (e *Engine) args(c *call, events []Event) []any {
-	args := []any{e.dedupTTL, len(c.rules)}
+	size := 3
+	for _, r := range c.rules {
+		size += 4 + 4*len(r.Windows)
+	}
+	for _, i := range c.events {
+		size += 4 + len(events[i].Rules)
+	}
+	args := make([]any, 0, size)
+	args = append(args, e.dedupTTL, len(c.rules))
 	for _, r := range c.rules {
 		users := 0
 		if r.Users {
