@@ -119,7 +119,7 @@ func FiringID(projectID, ruleID, groupHash string, t time.Time) string {
 type Options struct {
 	// Prefix namespaces every key [klaxon].
 	Prefix string
-	// DedupTTL is how long an event ID is remembered [5m]. A message
+	// DedupTTL is how long an event ID is remembered [10m]. A message
 	// redelivered later than that counts again.
 	DedupTTL time.Duration
 }
@@ -138,7 +138,7 @@ func New(rdb redis.UniversalClient, opts Options) *Engine {
 		opts.Prefix = "klaxon"
 	}
 	if opts.DedupTTL <= 0 {
-		opts.DedupTTL = 5 * time.Minute
+		opts.DedupTTL = 10 * time.Minute
 	}
 	return &Engine{
 		rdb:      rdb,

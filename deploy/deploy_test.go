@@ -1,0 +1,674 @@
+// Package deploy_test checks the deployment files, which nothing here can
+// run: docker-compose.yml, deploy/Dockerfile and deploy/k8s. They must parse,
+// hold the objects operators expect, and name only variables config.Load
+// knows, with values it accepts.
+package deploy_test
+
+import (
+	"bufio"
+	"encoding/base64"
+	"errors"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/klaxonhq/klaxon/internal/config"
+)
+
+const metricsPort = 9464
+
+// knownVariables maps every name config.Load reads, Hawk aliases included.
+func knownVariables() map[string]bool {
+	known := map[string]bool{}
+	for _, v := range config.Variables() {
+		known[v.Name] = true
+		if v.Alias != "" {
+			known[v.Alias] = true
+		}
+	}
+	return known
+}
+
+// checkNames fails for every name config.Load does not read.
+func checkNames(t *testing.T, where string, env map[string]string) {
+	t.Helper()
+	known := knownVariables()
+	for name := range env {
+		if !known[name] {
+			t.Errorf("%s: %s is not a variable Klaxon reads (see docs/configuration.md)", where, name)
+		}
+	}
+}
+
+// checkVariables checks the names and that config.Load accepts the values
+// together.
+func checkVariables(t *testing.T, where string, env map[string]string) config.Config {
+	t.Helper()
+	checkNames(t, where, env)
+	c, err := config.Load(func(k string) string { return env[k] })
+	if err != nil {
+		t.Errorf("%s: config.Load rejects the values: %v", where, err)
+	}
+	return c
+}
+
+// The check above must catch a misspelling, or it checks nothing.
+func TestCheckVariablesCatchesMisspelling(t *testing.T) {
+	known := knownVariables()
+	for _, name := range []string{"KLAXON_QUEU", "KLAXN_QUEUE", "KLAXON_SMTP_PASS", "REDIS_URI"} {
+		if known[name] {
+			t.Errorf("%s is accepted as a known variable", name)
+		}
+	}
+	if !known["KLAXON_QUEUE"] || !known["REDIS_URL"] {
+		t.Error("known variables lack KLAXON_QUEUE or REDIS_URL")
+	}
+}
+
+// listenPort checks that addr is reachable from outside a container.
+func listenPort(t *testing.T, where, addr string) {
+	t.Helper()
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Errorf("%s: KLAXON_HTTP_ADDR %q: %v", where, addr, err)
+		return
+	}
+	if ip := net.ParseIP(host); host == "localhost" || (ip != nil && ip.IsLoopback()) {
+		t.Errorf("%s: KLAXON_HTTP_ADDR %q listens on loopback only: probes and Prometheus cannot reach it", where, addr)
+	}
+	if port != "9464" {
+		t.Errorf("%s: KLAXON_HTTP_ADDR %q: want port %d", where, addr, metricsPort)
+	}
+}
+
+// --- docker-compose.yml ---
+
+type composeFile struct {
+	Services map[string]struct {
+		Image string `yaml:"image"`
+		Build struct {
+			Context    string `yaml:"context"`
+			Dockerfile string `yaml:"dockerfile"`
+		} `yaml:"build"`
+		Deploy struct {
+			Replicas int `yaml:"replicas"`
+		} `yaml:"deploy"`
+		Environment yaml.Node `yaml:"environment"`
+		Healthcheck struct {
+			Test []string `yaml:"test"`
+		} `yaml:"healthcheck"`
+		DependsOn map[string]struct {
+			Condition string `yaml:"condition"`
+		} `yaml:"depends_on"`
+		ContainerName string `yaml:"container_name"`
+	} `yaml:"services"`
+}
+
+// environment reads a Compose environment in either of its forms: a map, or
+// a list of NAME=value.
+func environment(t *testing.T, n yaml.Node) map[string]string {
+	t.Helper()
+	env := map[string]string{}
+	switch n.Kind {
+	case 0:
+	case yaml.MappingNode:
+		if err := n.Decode(&env); err != nil {
+			t.Fatalf("environment: %v", err)
+		}
+	case yaml.SequenceNode:
+		var list []string
+		if err := n.Decode(&list); err != nil {
+			t.Fatalf("environment: %v", err)
+		}
+		for _, item := range list {
+			k, v, _ := strings.Cut(item, "=")
+			env[k] = v
+		}
+	default:
+		t.Fatalf("environment is neither a map nor a list")
+	}
+	return env
+}
+
+func TestCompose(t *testing.T) {
+	raw, err := os.ReadFile("../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f composeFile
+	if err := yaml.Unmarshal(raw, &f); err != nil {
+		t.Fatalf("docker-compose.yml: %v", err)
+	}
+
+	images := map[string]string{
+		"rabbitmq": "rabbitmq:3-management",
+		"redis":    "redis:7",
+		"mongo":    "mongo:7",
+		"mailpit":  "axllent/mailpit",
+	}
+	for name, image := range images {
+		s, ok := f.Services[name]
+		if !ok {
+			t.Errorf("no service %s", name)
+			continue
+		}
+		if s.Image != image {
+			t.Errorf("service %s: image %q, want %q", name, s.Image, image)
+		}
+		if len(s.Healthcheck.Test) == 0 {
+			t.Errorf("service %s has no healthcheck", name)
+		}
+	}
+
+	k, ok := f.Services["klaxon"]
+	if !ok {
+		t.Fatal("no service klaxon")
+	}
+	if k.Build.Dockerfile != "deploy/Dockerfile" || (k.Build.Context != "." && k.Build.Context != "") {
+		t.Errorf("klaxon builds %q in %q, want deploy/Dockerfile in .", k.Build.Dockerfile, k.Build.Context)
+	}
+	if k.Deploy.Replicas != 3 {
+		t.Errorf("klaxon replicas = %d, want 3", k.Deploy.Replicas)
+	}
+	if k.ContainerName != "" {
+		t.Error("klaxon has a container_name, which forbids replicas")
+	}
+	for name := range images {
+		if c := k.DependsOn[name].Condition; c != "service_healthy" {
+			t.Errorf("klaxon depends on %s with condition %q, want service_healthy", name, c)
+		}
+	}
+
+	env := environment(t, k.Environment)
+	c := checkVariables(t, "docker-compose.yml", env)
+	listenPort(t, "docker-compose.yml", c.HTTPAddr)
+	for name, host := range map[string]string{"KLAXON_AMQP_URL": "@rabbitmq:", "KLAXON_REDIS_URL": "//redis:", "KLAXON_MONGO_URL": "//mongo:", "KLAXON_SMTP_ADDR": "mailpit:1025"} {
+		if !strings.Contains(env[name], host) {
+			t.Errorf("docker-compose.yml: %s=%q does not point at %s", name, env[name], host)
+		}
+	}
+	if c.SMTPTLS != config.TLSNone {
+		t.Errorf("docker-compose.yml: Mailpit speaks plain SMTP, KLAXON_SMTP_TLS is %q", c.SMTPTLS)
+	}
+}
+
+// --- deploy/Dockerfile ---
+
+func TestDockerfile(t *testing.T) {
+	f, err := os.Open("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+
+	var stages []string // each stage's FROM line
+	var build []string  // every instruction
+	var final []string  // the final stage's instructions
+	var line strings.Builder
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		text := strings.TrimSpace(sc.Text())
+		if line.Len() == 0 && (text == "" || strings.HasPrefix(text, "#")) {
+			continue
+		}
+		if cont, ok := strings.CutSuffix(text, "\\"); ok {
+			line.WriteString(cont + " ")
+			continue
+		}
+		line.WriteString(text)
+		instr := line.String()
+		line.Reset()
+		if strings.HasPrefix(strings.ToUpper(instr), "FROM ") {
+			stages = append(stages, instr)
+			final = nil
+		}
+		final = append(final, instr)
+		build = append(build, instr)
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	if len(stages) < 2 {
+		t.Fatalf("Dockerfile has %d FROM stages, want a builder and a final image", len(stages))
+	}
+	if !strings.Contains(stages[0], "golang:1.26") {
+		t.Errorf("builder stage %q is not golang:1.26", stages[0])
+	}
+	last := stages[len(stages)-1]
+	if !strings.Contains(last, "distroless") {
+		t.Errorf("final stage %q is not distroless", last)
+	}
+
+	env := map[string]string{}
+	var user, entrypoint, expose string
+	for _, instr := range final {
+		keyword, args, _ := strings.Cut(instr, " ")
+		switch strings.ToUpper(keyword) {
+		case "USER":
+			user = args
+		case "ENTRYPOINT":
+			entrypoint = args
+		case "EXPOSE":
+			expose = args
+		case "ENV":
+			for kv := range strings.FieldsSeq(args) {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok {
+					t.Errorf("ENV %q: use the NAME=value form", args)
+				}
+				env[k] = v
+			}
+		}
+	}
+	var image string // FROM [--platform=...] image [AS name]
+	for _, f := range strings.Fields(last)[1:] {
+		if !strings.HasPrefix(f, "--") {
+			image = f
+			break
+		}
+	}
+	nonRootImage := strings.HasSuffix(image, ":nonroot")
+	if user == "" && !nonRootImage {
+		t.Error("final image runs as root: no USER and not a :nonroot base")
+	}
+	if u, _, _ := strings.Cut(user, ":"); u == "root" || u == "0" {
+		t.Errorf("final image runs as USER %s", user)
+	}
+	if !strings.Contains(entrypoint, "klaxon") {
+		t.Errorf("ENTRYPOINT %q does not run klaxon", entrypoint)
+	}
+	if !slices.Contains(strings.Fields(expose), "9464") {
+		t.Errorf("EXPOSE %q lacks %d", expose, metricsPort)
+	}
+	c := checkVariables(t, "Dockerfile", env)
+	listenPort(t, "Dockerfile", c.HTTPAddr)
+	if !strings.Contains(strings.Join(build, "\n"), "CGO_ENABLED=0") {
+		t.Error("the binary is not built with CGO_ENABLED=0, which distroless/static needs")
+	}
+}
+
+// --- deploy/k8s ---
+
+type object struct {
+	file       string
+	APIVersion string `yaml:"apiVersion"`
+	Kind       string `yaml:"kind"`
+	Metadata   struct {
+		Name        string            `yaml:"name"`
+		Labels      map[string]string `yaml:"labels"`
+		Annotations map[string]string `yaml:"annotations"`
+	} `yaml:"metadata"`
+	Data       map[string]string `yaml:"data"`       // ConfigMap, Secret (base64)
+	StringData map[string]string `yaml:"stringData"` // Secret
+	Resources  []string          `yaml:"resources"`  // Kustomization
+	Spec       yaml.Node         `yaml:"spec"`
+}
+
+// readManifests decodes every document of every YAML file under dir.
+func readManifests(t *testing.T, dir string) []object {
+	t.Helper()
+	var objs []object
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || (filepath.Ext(path) != ".yaml" && filepath.Ext(path) != ".yml") {
+			return err
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		dec := yaml.NewDecoder(f)
+		for {
+			var o object
+			err := dec.Decode(&o)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Errorf("%s: %v", path, err)
+				break
+			}
+			if o.Kind == "" {
+				continue // an empty document
+			}
+			if o.APIVersion == "" {
+				t.Errorf("%s: %s has no apiVersion", path, o.Kind)
+			}
+			o.file = path
+			objs = append(objs, o)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objs
+}
+
+type container struct {
+	Name  string `yaml:"name"`
+	Image string `yaml:"image"`
+	Env   []struct {
+		Name string `yaml:"name"`
+	} `yaml:"env"`
+	EnvFrom []struct {
+		ConfigMapRef *struct {
+			Name string `yaml:"name"`
+		} `yaml:"configMapRef"`
+		SecretRef *struct {
+			Name string `yaml:"name"`
+		} `yaml:"secretRef"`
+	} `yaml:"envFrom"`
+	Ports []struct {
+		Name          string `yaml:"name"`
+		ContainerPort int    `yaml:"containerPort"`
+	} `yaml:"ports"`
+	LivenessProbe  *probe `yaml:"livenessProbe"`
+	ReadinessProbe *probe `yaml:"readinessProbe"`
+	Resources      struct {
+		Requests map[string]string `yaml:"requests"`
+		Limits   map[string]string `yaml:"limits"`
+	} `yaml:"resources"`
+	SecurityContext struct {
+		AllowPrivilegeEscalation *bool `yaml:"allowPrivilegeEscalation"`
+		ReadOnlyRootFilesystem   bool  `yaml:"readOnlyRootFilesystem"`
+		RunAsNonRoot             *bool `yaml:"runAsNonRoot"`
+	} `yaml:"securityContext"`
+}
+
+type probe struct {
+	HTTPGet struct {
+		Path string    `yaml:"path"`
+		Port yaml.Node `yaml:"port"` // a number or a port name
+	} `yaml:"httpGet"`
+}
+
+type deploymentSpec struct {
+	Replicas int `yaml:"replicas"`
+	Selector struct {
+		MatchLabels map[string]string `yaml:"matchLabels"`
+	} `yaml:"selector"`
+	Template struct {
+		Metadata struct {
+			Labels map[string]string `yaml:"labels"`
+		} `yaml:"metadata"`
+		Spec struct {
+			TerminationGracePeriodSeconds int `yaml:"terminationGracePeriodSeconds"`
+			SecurityContext               struct {
+				RunAsNonRoot bool `yaml:"runAsNonRoot"`
+				RunAsUser    *int `yaml:"runAsUser"`
+			} `yaml:"securityContext"`
+			Containers []container `yaml:"containers"`
+		} `yaml:"spec"`
+	} `yaml:"template"`
+}
+
+// manifests indexes the decoded objects by kind.
+type manifests map[string][]object
+
+func (m manifests) one(t *testing.T, kind string) object {
+	t.Helper()
+	if len(m[kind]) != 1 {
+		t.Fatalf("want one %s, found %d", kind, len(m[kind]))
+	}
+	return m[kind][0]
+}
+
+func decodeSpec(t *testing.T, o object, v any) {
+	t.Helper()
+	if err := o.Spec.Decode(v); err != nil {
+		t.Fatalf("%s: %s spec: %v", o.file, o.Kind, err)
+	}
+}
+
+func TestKubernetes(t *testing.T) {
+	m := manifests{}
+	for _, o := range readManifests(t, "k8s") {
+		m[o.Kind] = append(m[o.Kind], o)
+	}
+	for _, kind := range []string{"Deployment", "ConfigMap", "Secret", "Service", "PodDisruptionBudget", "Kustomization", "ScaledObject", "TriggerAuthentication"} {
+		if len(m[kind]) == 0 {
+			t.Errorf("no %s under deploy/k8s", kind)
+		}
+	}
+
+	cm := m.one(t, "ConfigMap")
+	secret := m.one(t, "Secret")
+	secretValues := map[string]string{}
+	for k, v := range secret.Data {
+		b, err := base64.StdEncoding.DecodeString(v)
+		if err != nil {
+			t.Errorf("Secret data %s is not base64", k)
+		}
+		secretValues[k] = string(b)
+	}
+	for k, v := range secret.StringData {
+		secretValues[k] = v
+	}
+	checkNames(t, cm.file, cm.Data)
+	checkNames(t, secret.file, secretValues)
+	for k := range cm.Data {
+		if _, ok := secretValues[k]; ok {
+			t.Errorf("%s is set in both the ConfigMap and the Secret", k)
+		}
+	}
+	for _, v := range config.Variables() {
+		if _, inCM := cm.Data[v.Name]; inCM && v.Secret {
+			t.Errorf("%s holds a secret but is in the ConfigMap", v.Name)
+		}
+	}
+
+	t.Run("Deployment", func(t *testing.T) {
+		d := m.one(t, "Deployment")
+		var spec deploymentSpec
+		decodeSpec(t, d, &spec)
+		if spec.Replicas != 3 {
+			t.Errorf("replicas = %d, want 3", spec.Replicas)
+		}
+		for k, v := range spec.Selector.MatchLabels {
+			if spec.Template.Metadata.Labels[k] != v {
+				t.Errorf("selector %s=%s does not match the pod labels", k, v)
+			}
+		}
+		pod := spec.Template.Spec
+		if pod.TerminationGracePeriodSeconds < 15 {
+			t.Errorf("terminationGracePeriodSeconds = %d; Klaxon needs up to 10 s after SIGTERM, give it at least 15", pod.TerminationGracePeriodSeconds)
+		}
+		if !pod.SecurityContext.RunAsNonRoot || pod.SecurityContext.RunAsUser == nil || *pod.SecurityContext.RunAsUser == 0 {
+			t.Error("the pod does not run as a non-root user")
+		}
+		if len(pod.Containers) != 1 {
+			t.Fatalf("want one container, found %d", len(pod.Containers))
+		}
+		c := pod.Containers[0]
+
+		env := map[string]string{}
+		for k, v := range cm.Data {
+			env[k] = v
+		}
+		for k, v := range secretValues {
+			env[k] = v
+		}
+		var fromCM, fromSecret bool
+		for _, ef := range c.EnvFrom {
+			switch {
+			case ef.ConfigMapRef != nil:
+				fromCM = ef.ConfigMapRef.Name == cm.Metadata.Name
+			case ef.SecretRef != nil:
+				fromSecret = ef.SecretRef.Name == secret.Metadata.Name
+			}
+		}
+		if !fromCM || !fromSecret {
+			t.Errorf("the container does not take its environment from ConfigMap %s and Secret %s", cm.Metadata.Name, secret.Metadata.Name)
+		}
+		for _, e := range c.Env {
+			env[e.Name] = "" // a value from elsewhere; only the name is checked
+			if !knownVariables()[e.Name] {
+				t.Errorf("container env %s is not a variable Klaxon reads", e.Name)
+			}
+		}
+		cfg := checkVariables(t, "the Deployment's environment", env)
+		listenPort(t, "the Deployment's environment", cfg.HTTPAddr)
+
+		portNames := map[string]int{}
+		var exposes bool
+		for _, p := range c.Ports {
+			portNames[p.Name] = p.ContainerPort
+			exposes = exposes || p.ContainerPort == metricsPort
+		}
+		if !exposes {
+			t.Errorf("the container does not declare port %d", metricsPort)
+		}
+		for name, pr := range map[string]struct {
+			p    *probe
+			path string
+		}{"liveness": {c.LivenessProbe, "/healthz"}, "readiness": {c.ReadinessProbe, "/readyz"}} {
+			if pr.p == nil {
+				t.Errorf("no %s probe", name)
+				continue
+			}
+			if pr.p.HTTPGet.Path != pr.path {
+				t.Errorf("%s probe path %q, want %s", name, pr.p.HTTPGet.Path, pr.path)
+			}
+			port := pr.p.HTTPGet.Port.Value
+			if n, ok := portNames[port]; ok {
+				port = strconv.Itoa(n)
+			}
+			if port != "9464" {
+				t.Errorf("%s probe port %q is not %d", name, pr.p.HTTPGet.Port.Value, metricsPort)
+			}
+		}
+		if c.Resources.Requests["cpu"] == "" || c.Resources.Requests["memory"] == "" || c.Resources.Limits["memory"] == "" {
+			t.Error("the container lacks cpu/memory requests or a memory limit")
+		}
+		sc := c.SecurityContext
+		if !sc.ReadOnlyRootFilesystem || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+			t.Error("the container's file system is writable or it may escalate privileges")
+		}
+	})
+
+	t.Run("Service", func(t *testing.T) {
+		s := m.one(t, "Service")
+		var spec struct {
+			Selector map[string]string `yaml:"selector"`
+			Ports    []struct {
+				Port int `yaml:"port"`
+			} `yaml:"ports"`
+		}
+		decodeSpec(t, s, &spec)
+		if len(spec.Ports) == 0 || spec.Ports[0].Port != metricsPort {
+			t.Errorf("the Service does not expose port %d", metricsPort)
+		}
+		a := s.Metadata.Annotations
+		if a["prometheus.io/scrape"] != "true" || a["prometheus.io/port"] != "9464" || a["prometheus.io/path"] != "/metrics" {
+			t.Errorf("prometheus.io annotations: %v", a)
+		}
+		if len(spec.Selector) == 0 {
+			t.Error("the Service selects no pods")
+		}
+	})
+
+	t.Run("PodDisruptionBudget", func(t *testing.T) {
+		p := m.one(t, "PodDisruptionBudget")
+		var spec struct {
+			MinAvailable   any `yaml:"minAvailable"`
+			MaxUnavailable any `yaml:"maxUnavailable"`
+			Selector       struct {
+				MatchLabels map[string]string `yaml:"matchLabels"`
+			} `yaml:"selector"`
+		}
+		decodeSpec(t, p, &spec)
+		if (spec.MinAvailable == nil) == (spec.MaxUnavailable == nil) {
+			t.Error("want exactly one of minAvailable and maxUnavailable")
+		}
+		if len(spec.Selector.MatchLabels) == 0 {
+			t.Error("the PodDisruptionBudget selects no pods")
+		}
+	})
+
+	t.Run("KEDA", func(t *testing.T) {
+		so := m.one(t, "ScaledObject")
+		ta := m.one(t, "TriggerAuthentication")
+		if !strings.Contains(filepath.ToSlash(so.file), "/optional/") || !strings.Contains(filepath.ToSlash(ta.file), "/optional/") {
+			t.Error("KEDA objects must stay under deploy/k8s/optional, out of the base")
+		}
+		var spec struct {
+			ScaleTargetRef struct {
+				Name string `yaml:"name"`
+			} `yaml:"scaleTargetRef"`
+			Triggers []struct {
+				Type              string            `yaml:"type"`
+				Metadata          map[string]string `yaml:"metadata"`
+				AuthenticationRef struct {
+					Name string `yaml:"name"`
+				} `yaml:"authenticationRef"`
+			} `yaml:"triggers"`
+		}
+		decodeSpec(t, so, &spec)
+		if spec.ScaleTargetRef.Name != m.one(t, "Deployment").Metadata.Name {
+			t.Errorf("ScaledObject targets %q", spec.ScaleTargetRef.Name)
+		}
+		if len(spec.Triggers) != 1 || spec.Triggers[0].Type != "rabbitmq" {
+			t.Fatalf("want one rabbitmq trigger")
+		}
+		tr := spec.Triggers[0]
+		queue := cm.Data["KLAXON_QUEUE"]
+		if queue == "" {
+			queue = "notifier"
+		}
+		if tr.Metadata["queueName"] != queue || tr.Metadata["mode"] != "QueueLength" {
+			t.Errorf("trigger watches %q in mode %q, want KLAXON_QUEUE %q, QueueLength", tr.Metadata["queueName"], tr.Metadata["mode"], queue)
+		}
+		if tr.AuthenticationRef.Name != ta.Metadata.Name {
+			t.Errorf("trigger authenticates with %q, not TriggerAuthentication %q", tr.AuthenticationRef.Name, ta.Metadata.Name)
+		}
+		var auth struct {
+			SecretTargetRef []struct {
+				Parameter string `yaml:"parameter"`
+				Name      string `yaml:"name"`
+				Key       string `yaml:"key"`
+			} `yaml:"secretTargetRef"`
+		}
+		decodeSpec(t, ta, &auth)
+		if len(auth.SecretTargetRef) != 1 {
+			t.Fatal("want one secretTargetRef")
+		}
+		ref := auth.SecretTargetRef[0]
+		if ref.Parameter != "host" || ref.Name != secret.Metadata.Name || ref.Key != "KLAXON_AMQP_URL" {
+			t.Errorf("TriggerAuthentication takes %s from %s/%s, want host from %s/KLAXON_AMQP_URL", ref.Parameter, ref.Name, ref.Key, secret.Metadata.Name)
+		}
+	})
+
+	t.Run("Kustomization", func(t *testing.T) {
+		for _, k := range m["Kustomization"] {
+			dir := filepath.Dir(k.file)
+			for _, r := range k.Resources {
+				if _, err := os.Stat(filepath.Join(dir, r)); err != nil {
+					t.Errorf("%s lists %s: %v", k.file, r, err)
+				}
+			}
+			if dir != "k8s" {
+				continue
+			}
+			// The base lists every manifest beside it.
+			entries, err := os.ReadDir(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range entries {
+				if !e.IsDir() && e.Name() != "kustomization.yaml" && strings.HasSuffix(e.Name(), ".yaml") && !slices.Contains(k.Resources, e.Name()) {
+					t.Errorf("%s does not list %s", k.file, e.Name())
+				}
+			}
+		}
+	})
+}

@@ -1,0 +1,637 @@
+// Package config reads Klaxon's settings from environment variables
+// (CONTRACT §1 plus a few tuning knobs), applies defaults and Hawk's alias
+// names, and validates every value before anything starts.
+//
+// Load is the only entry point. It never reads the process environment
+// itself: main passes os.Getenv, tests pass a map lookup. A value that is
+// present but invalid yields an error of one line naming the variable;
+// secrets (passwords, tokens, credentials inside URLs) never appear in errors,
+// in Config.String or in Config.LogValue.
+//
+// docs/configuration.md is the user's reference for every variable.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/mail"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Names of the environment variables Load reads.
+const (
+	EnvAMQPURL        = "KLAXON_AMQP_URL"
+	EnvQueue          = "KLAXON_QUEUE"
+	EnvRedisURL       = "KLAXON_REDIS_URL"
+	EnvMongoURL       = "KLAXON_MONGO_URL"
+	EnvRulesFile      = "KLAXON_RULES_FILE"
+	EnvPrefix         = "KLAXON_PREFIX"
+	EnvHTTPAddr       = "KLAXON_HTTP_ADDR"
+	EnvSMTPAddr       = "KLAXON_SMTP_ADDR"
+	EnvSMTPUsername   = "KLAXON_SMTP_USERNAME"
+	EnvSMTPPassword   = "KLAXON_SMTP_PASSWORD"
+	EnvSMTPFrom       = "KLAXON_SMTP_FROM"
+	EnvSMTPTLS        = "KLAXON_SMTP_TLS"
+	EnvTelegramToken  = "KLAXON_TELEGRAM_TOKEN"
+	EnvTelegramAPIURL = "KLAXON_TELEGRAM_API_URL"
+	EnvLogLevel       = "KLAXON_LOG_LEVEL"
+	EnvRole           = "KLAXON_ROLE"
+	EnvPrefetch       = "KLAXON_PREFETCH"
+	EnvBatchSize      = "KLAXON_BATCH_SIZE"
+	EnvDedupTTL       = "KLAXON_DEDUP_TTL"
+	EnvRulesRefresh   = "KLAXON_RULES_REFRESH"
+	EnvSendTimeout    = "KLAXON_SEND_TIMEOUT"
+)
+
+// Hawk's names for the same settings, and the defaults.
+const (
+	aliasAMQPURL       = "REGISTRY_URL"
+	aliasRedisURL      = "REDIS_URL"
+	aliasMongoURL      = "MONGO_ACCOUNTS_DATABASE_URI"
+	defaultAMQPURL     = "amqp://guest:guest@127.0.0.1:5672/"
+	defaultQueue       = "notifier"
+	defaultRedisURL    = "redis://127.0.0.1:6379/0"
+	defaultMongoURL    = "mongodb://127.0.0.1:27017/hawk"
+	defaultMongoDB     = "hawk"
+	defaultPrefix      = "klaxon"
+	defaultHTTPAddr    = "127.0.0.1:9464"
+	defaultSMTPFrom    = "klaxon@localhost"
+	defaultSMTPTLS     = string(TLSStartTLS)
+	defaultTelegramAPI = "https://api.telegram.org"
+	defaultLogLevel    = "info"
+	defaultRole        = string(RoleAll)
+	defaultPrefetch    = 1000
+	defaultBatchSize   = 256
+	defaultDedupTTL    = 10 * time.Minute
+	defaultRefresh     = 5 * time.Second
+	defaultSendTimeout = 10 * time.Second
+)
+
+// Variable describes one environment variable Load reads.
+type Variable struct {
+	Name    string // e.g. "KLAXON_AMQP_URL"
+	Alias   string // Hawk's name for the same setting, or ""
+	Default string // the value used when the variable is unset or empty; "" = unset
+	Secret  bool   // the value, or part of it, is a credential and is never printed
+	Usage   string // one sentence for humans
+}
+
+// Variables lists every variable Load reads, in the order of
+// docs/configuration.md. Each call returns a new slice.
+func Variables() []Variable {
+	return []Variable{
+		{EnvAMQPURL, aliasAMQPURL, defaultAMQPURL, true, "RabbitMQ URL (amqp:// or amqps://)"},
+		{EnvQueue, "", defaultQueue, false, "queue of incoming Hawk events, declared durable if missing"},
+		{EnvRedisURL, aliasRedisURL, defaultRedisURL, true, "Redis URL: redis[s]:// single node, redis[s]+sentinel://, redis[s]+cluster://"},
+		{EnvMongoURL, aliasMongoURL, defaultMongoURL, true, "MongoDB URL of the rules store; its path names the database"},
+		{EnvRulesFile, "", "", false, "YAML rules file used instead of MongoDB when set"},
+		{EnvPrefix, "", defaultPrefix, false, "namespace of every Redis key and every queue Klaxon creates"},
+		{EnvHTTPAddr, "", defaultHTTPAddr, false, "host:port serving /metrics, /healthz and /readyz"},
+		{EnvSMTPAddr, "", "", false, "SMTP server host:port; email is disabled when unset"},
+		{EnvSMTPUsername, "", "", false, "SMTP user name; no authentication when unset"},
+		{EnvSMTPPassword, "", "", true, "SMTP password"},
+		{EnvSMTPFrom, "", defaultSMTPFrom, false, "sender address of notification emails"},
+		{EnvSMTPTLS, "", defaultSMTPTLS, false, "SMTP transport security: none, starttls or tls"},
+		{EnvTelegramToken, "", "", true, "Telegram bot token; Telegram is disabled when unset"},
+		{EnvTelegramAPIURL, "", defaultTelegramAPI, false, "Telegram Bot API base URL"},
+		{EnvLogLevel, "", defaultLogLevel, false, "debug, info, warn or error"},
+		{EnvRole, "", defaultRole, false, "what this process runs: all, evaluator or deliverer"},
+		{EnvPrefetch, "", strconv.Itoa(defaultPrefetch), false, "unacknowledged messages one worker holds per queue (1-65535)"},
+		{EnvBatchSize, "", strconv.Itoa(defaultBatchSize), false, "most events counted in one Redis call; at most KLAXON_PREFETCH"},
+		{EnvDedupTTL, "", "10m", false, "how long an AMQP message-id is remembered for de-duplication"},
+		{EnvRulesRefresh, "", "5s", false, "how often rules are reloaded from MongoDB or the file"},
+		{EnvSendTimeout, "", "10s", false, "time limit of one delivery attempt to a provider"},
+	}
+}
+
+// Config is Klaxon's validated configuration. Its zero value is not useful;
+// get one from Load.
+//
+// Fields that hold credentials (AMQPURL, RedisURL, MongoURL, SMTPPassword,
+// TelegramToken) are plain strings for the code that connects; print a Config
+// only through String or LogValue, which redact them.
+type Config struct {
+	AMQPURL       string        // KLAXON_AMQP_URL
+	Queue         string        // KLAXON_QUEUE; dead letters go to Queue + ".dead"
+	RedisURL      string        // KLAXON_REDIS_URL; use RedisOptions to connect
+	MongoURL      string        // KLAXON_MONGO_URL, as given (pass it to the driver)
+	MongoDatabase string        // the database named by MongoURL's path, "hawk" when none
+	RulesFile     string        // KLAXON_RULES_FILE; "" = rules come from MongoDB
+	Prefix        string        // KLAXON_PREFIX
+	HTTPAddr      string        // KLAXON_HTTP_ADDR
+	SMTPAddr      string        // KLAXON_SMTP_ADDR; "" = email channel not configured
+	SMTPUsername  string        // KLAXON_SMTP_USERNAME; "" = no SMTP AUTH
+	SMTPPassword  string        // KLAXON_SMTP_PASSWORD
+	SMTPFrom      string        // KLAXON_SMTP_FROM, an RFC 5322 address
+	SMTPTLS       TLSMode       // KLAXON_SMTP_TLS
+	TelegramToken string        // KLAXON_TELEGRAM_TOKEN; "" = Telegram channel not configured
+	TelegramAPI   string        // KLAXON_TELEGRAM_API_URL, without a trailing slash
+	LogLevel      slog.Level    // KLAXON_LOG_LEVEL
+	Role          Role          // KLAXON_ROLE
+	Prefetch      int           // KLAXON_PREFETCH, 1..65535
+	BatchSize     int           // KLAXON_BATCH_SIZE, 1..Prefetch
+	DedupTTL      time.Duration // KLAXON_DEDUP_TTL, > 0
+	RulesRefresh  time.Duration // KLAXON_RULES_REFRESH, > 0
+	SendTimeout   time.Duration // KLAXON_SEND_TIMEOUT, > 0
+}
+
+// EmailEnabled reports whether the email channel is configured.
+func (c Config) EmailEnabled() bool { return c.SMTPAddr != "" }
+
+// TelegramEnabled reports whether the Telegram channel is configured.
+func (c Config) TelegramEnabled() bool { return c.TelegramToken != "" }
+
+// DeadQueue is the queue that receives malformed incoming messages.
+func (c Config) DeadQueue() string { return c.Queue + ".dead" }
+
+// TLSMode is how the SMTP connection is secured.
+type TLSMode string
+
+// SMTP TLS modes (KLAXON_SMTP_TLS).
+const (
+	TLSNone     TLSMode = "none"     // plain text; only for a local relay or a test server
+	TLSStartTLS TLSMode = "starttls" // plain connection upgraded with STARTTLS, which is required
+	TLSImplicit TLSMode = "tls"      // TLS from the first byte ("SMTPS", usually port 465)
+)
+
+// Role is which stages a process runs.
+type Role string
+
+// Roles (KLAXON_ROLE).
+const (
+	RoleAll       Role = "all"       // evaluator and deliverer in one process
+	RoleEvaluator Role = "evaluator" // consumes events, counts, publishes delivery jobs
+	RoleDeliverer Role = "deliverer" // consumes delivery jobs and sends notifications
+)
+
+// Evaluates reports whether the role consumes incoming events.
+func (r Role) Evaluates() bool { return r == RoleAll || r == RoleEvaluator }
+
+// Delivers reports whether the role sends notifications.
+func (r Role) Delivers() bool { return r == RoleAll || r == RoleDeliverer }
+
+// Error reports one variable that is set but invalid. Its message is one line
+// and never contains a secret.
+type Error struct {
+	Var    string // the KLAXON_ name of the setting
+	Via    string // the Hawk alias the value was read from, or ""
+	Reason string // what is wrong, e.g. `"ssl" is not one of none, starttls, tls`
+}
+
+func (e *Error) Error() string {
+	if e.Via != "" {
+		return e.Via + " (alias of " + e.Var + "): " + e.Reason
+	}
+	return e.Var + ": " + e.Reason
+}
+
+// errorList is what Load returns when several variables are invalid: still
+// one line, each problem separated by "; ".
+type errorList []error
+
+func (l errorList) Error() string {
+	msgs := make([]string, len(l))
+	for i, err := range l {
+		msgs[i] = err.Error()
+	}
+	return strings.Join(msgs, "; ")
+}
+
+func (l errorList) Unwrap() []error { return l }
+
+// loader collects the values and the problems of one Load call.
+type loader struct {
+	getenv  func(string) string
+	secrets []string // strings that must never appear in a message
+	errs    errorList
+}
+
+// setting is one variable's raw value and where it came from.
+type setting struct {
+	name  string // KLAXON_ name
+	via   string // alias it was read from, or ""
+	value string // raw value; "" when unset
+}
+
+func (s setting) set() bool { return s.value != "" }
+
+// lookup reads a variable, falling back to its Hawk alias. The KLAXON_ name
+// wins when both are set. Values are trimmed of surrounding white space
+// (a trailing newline from a mounted secret is a classic) unless raw is set.
+func (l *loader) lookup(name, alias string, raw bool) setting {
+	trim := func(v string) string {
+		if raw {
+			return v
+		}
+		return strings.TrimSpace(v)
+	}
+	if v := trim(l.getenv(name)); v != "" {
+		return setting{name: name, value: v}
+	}
+	if alias != "" {
+		if v := trim(l.getenv(alias)); v != "" {
+			return setting{name: name, via: alias, value: v}
+		}
+	}
+	return setting{name: name}
+}
+
+// fail records that s is invalid. The reason is reduced to one line and
+// scrubbed of every known secret, whatever a library put into it.
+func (l *loader) fail(s setting, reason string) {
+	reason = strings.Join(strings.Fields(reason), " ")
+	for _, secret := range l.secrets {
+		reason = strings.ReplaceAll(reason, secret, redacted)
+	}
+	l.errs = append(l.errs, &Error{Var: s.name, Via: s.via, Reason: reason})
+}
+
+// Load reads every Klaxon variable through getenv (os.Getenv in main),
+// applies defaults and Hawk aliases, and validates the result. An empty value
+// counts as unset. When a value is invalid, the error names the variable in
+// one line (several problems are joined by "; " on that same line); errors.As
+// with *Error finds the first.
+func Load(getenv func(string) string) (Config, error) {
+	l := &loader{getenv: getenv}
+	for _, v := range Variables() {
+		if !v.Secret {
+			continue
+		}
+		for _, name := range []string{v.Name, v.Alias} {
+			if name != "" {
+				l.secrets = append(l.secrets, secretParts(getenv(name))...)
+			}
+		}
+	}
+
+	var c Config
+	c.AMQPURL = l.amqpURL()
+	c.Queue = l.queue()
+	c.RedisURL = l.redisURL()
+	c.MongoURL, c.MongoDatabase = l.mongoURL()
+	c.RulesFile = l.lookup(EnvRulesFile, "", false).value
+	c.Prefix = l.prefix()
+	c.HTTPAddr = l.listenAddr(EnvHTTPAddr, defaultHTTPAddr)
+	l.smtp(&c)
+	c.TelegramToken, c.TelegramAPI = l.telegram()
+	c.LogLevel = l.logLevel()
+	c.Role = l.role()
+	c.Prefetch, c.BatchSize = l.batching()
+	c.DedupTTL = l.duration(EnvDedupTTL, defaultDedupTTL)
+	c.RulesRefresh = l.duration(EnvRulesRefresh, defaultRefresh)
+	c.SendTimeout = l.duration(EnvSendTimeout, defaultSendTimeout)
+
+	switch len(l.errs) {
+	case 0:
+		return c, nil
+	case 1:
+		return Config{}, l.errs[0]
+	default:
+		return Config{}, l.errs
+	}
+}
+
+func (l *loader) amqpURL() string {
+	s := l.lookup(EnvAMQPURL, aliasAMQPURL, false)
+	if !s.set() {
+		return defaultAMQPURL
+	}
+	if err := checkAMQPURL(s.value); err != nil {
+		l.fail(s, err.Error())
+	}
+	return s.value
+}
+
+func checkAMQPURL(raw string) error {
+	u, err := splitURL(raw)
+	if err != nil {
+		return err
+	}
+	if u.scheme != "amqp" && u.scheme != "amqps" {
+		return fmt.Errorf("scheme %q is not one of amqp, amqps", u.scheme)
+	}
+	if len(u.hosts) != 1 {
+		return errors.New("names several hosts; an AMQP URL names one")
+	}
+	if err := checkHostPort(u.hosts[0], false); err != nil {
+		return err
+	}
+	if _, err := amqp.ParseURI(raw); err != nil {
+		return fmt.Errorf("not a valid AMQP URL: %s", innerURLError(err))
+	}
+	return nil
+}
+
+func (l *loader) queue() string {
+	s := l.lookup(EnvQueue, "", false)
+	if !s.set() {
+		return defaultQueue
+	}
+	switch {
+	case strings.HasPrefix(s.value, "amq."):
+		l.fail(s, fmt.Sprintf("%q starts with amq., which RabbitMQ reserves", s.value))
+	case len(s.value)+len(".dead") > 255:
+		l.fail(s, fmt.Sprintf("is %d bytes long; the limit is 250 so that %q fits RabbitMQ's 255", len(s.value), "<queue>.dead"))
+	case strings.IndexFunc(s.value, unicode.IsControl) >= 0:
+		l.fail(s, fmt.Sprintf("%q contains a control character", s.value))
+	}
+	return s.value
+}
+
+func (l *loader) redisURL() string {
+	s := l.lookup(EnvRedisURL, aliasRedisURL, false)
+	if !s.set() {
+		return defaultRedisURL
+	}
+	if _, err := parseRedisURL(s.value); err != nil {
+		l.fail(s, err.Error())
+	}
+	return s.value
+}
+
+func (l *loader) mongoURL() (string, string) {
+	s := l.lookup(EnvMongoURL, aliasMongoURL, false)
+	if !s.set() {
+		return defaultMongoURL, defaultMongoDB
+	}
+	db, err := parseMongoURL(s.value)
+	if err != nil {
+		l.fail(s, err.Error())
+	}
+	return s.value, db
+}
+
+// parseMongoURL checks the parts of a MongoDB connection string Klaxon relies
+// on and returns the database its path names. The driver validates the
+// options when it connects; it is not called here because a mongodb+srv URL
+// would make it look up DNS.
+func parseMongoURL(raw string) (string, error) {
+	u, err := splitURL(raw)
+	if err != nil {
+		return "", err
+	}
+	switch u.scheme {
+	case "mongodb":
+		for _, h := range u.hosts {
+			if err := checkHostPort(h, false); err != nil {
+				return "", err
+			}
+		}
+	case "mongodb+srv":
+		if len(u.hosts) != 1 || strings.Contains(u.hosts[0], ":") {
+			return "", errors.New("a mongodb+srv URL names exactly one host name, without a port")
+		}
+		if err := checkHostPort(u.hosts[0], false); err != nil {
+			return "", err
+		}
+	default:
+		return "", fmt.Errorf("scheme %q is not one of mongodb, mongodb+srv", u.scheme)
+	}
+	if u.rest != "" && !strings.HasPrefix(u.rest, "/") {
+		return "", errors.New(`needs a "/" between the hosts and the options, as in mongodb://host:27017/hawk?replicaSet=rs0`)
+	}
+	path, _, _ := strings.Cut(u.rest, "?")
+	db, err := urlUnescape(strings.TrimPrefix(path, "/"))
+	if err != nil {
+		return "", fmt.Errorf("database name in the path: %w", err)
+	}
+	if db == "" {
+		return defaultMongoDB, nil
+	}
+	if i := strings.IndexAny(db, "/\\. \"$*<>:|?"); i >= 0 || len(db) >= 64 {
+		return "", fmt.Errorf("database name %q is not valid in MongoDB (no /\\. \"$*<>:|? and under 64 bytes)", db)
+	}
+	return db, nil
+}
+
+func (l *loader) prefix() string {
+	s := l.lookup(EnvPrefix, "", false)
+	if !s.set() {
+		return defaultPrefix
+	}
+	switch {
+	case strings.ContainsAny(s.value, "{}"):
+		l.fail(s, fmt.Sprintf("%q contains { or }, which would make a Redis Cluster hash tag", s.value))
+	case strings.IndexFunc(s.value, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0:
+		l.fail(s, fmt.Sprintf("%q contains white space", s.value))
+	case s.value == "amq" || strings.HasPrefix(s.value, "amq."):
+		l.fail(s, fmt.Sprintf("%q would name queues amq.*, which RabbitMQ reserves", s.value))
+	case len(s.value) > 64:
+		l.fail(s, fmt.Sprintf("is %d bytes long; the limit is 64", len(s.value)))
+	}
+	return s.value
+}
+
+// listenAddr reads a host:port to listen on; the host may be empty (all
+// interfaces) and the port 0 (any free port).
+func (l *loader) listenAddr(name, def string) string {
+	s := l.lookup(name, "", false)
+	if !s.set() {
+		return def
+	}
+	host, port, err := net.SplitHostPort(s.value)
+	if err == nil {
+		err = checkPort(port, 0)
+	}
+	if err == nil && strings.ContainsAny(host, " /@") {
+		err = fmt.Errorf("host %q is not valid", host)
+	}
+	if err != nil {
+		l.fail(s, fmt.Sprintf("%q is not host:port (for example 0.0.0.0:9464): %v", s.value, err))
+	}
+	return s.value
+}
+
+func (l *loader) smtp(c *Config) {
+	if s := l.lookup(EnvSMTPAddr, "", false); s.set() {
+		c.SMTPAddr = s.value
+		if err := checkHostPort(s.value, true); err != nil {
+			l.fail(s, fmt.Sprintf("%q is not host:port (for example smtp.example.com:587): %v", s.value, err))
+		}
+	}
+	user := l.lookup(EnvSMTPUsername, "", false)
+	pass := l.lookup(EnvSMTPPassword, "", true)
+	c.SMTPUsername, c.SMTPPassword = user.value, pass.value
+	if pass.set() && !user.set() {
+		l.fail(pass, "is set but "+EnvSMTPUsername+" is not")
+	}
+
+	c.SMTPFrom = defaultSMTPFrom
+	if s := l.lookup(EnvSMTPFrom, "", false); s.set() {
+		c.SMTPFrom = s.value
+		if _, err := mail.ParseAddress(s.value); err != nil {
+			l.fail(s, fmt.Sprintf("%q is not an email address: %v", s.value, err))
+		}
+	}
+
+	c.SMTPTLS = TLSMode(defaultSMTPTLS)
+	if s := l.lookup(EnvSMTPTLS, "", false); s.set() {
+		switch m := TLSMode(strings.ToLower(s.value)); m {
+		case TLSNone, TLSStartTLS, TLSImplicit:
+			c.SMTPTLS = m
+		default:
+			l.fail(s, fmt.Sprintf("%q is not one of none, starttls, tls", s.value))
+		}
+	}
+}
+
+func (l *loader) telegram() (token, api string) {
+	if s := l.lookup(EnvTelegramToken, "", false); s.set() {
+		token = s.value
+		if strings.IndexFunc(token, func(r rune) bool {
+			return r == '/' || r == '?' || r == '#' || unicode.IsSpace(r) || unicode.IsControl(r)
+		}) >= 0 {
+			l.fail(s, "contains white space or one of / ? #; a bot token looks like 123456789:AAE...")
+		}
+	}
+
+	api = defaultTelegramAPI
+	if s := l.lookup(EnvTelegramAPIURL, "", false); s.set() {
+		api = strings.TrimRight(s.value, "/")
+		if err := checkHTTPURL(s.value); err != nil {
+			l.fail(s, err.Error())
+		}
+	}
+	return token, api
+}
+
+func checkHTTPURL(raw string) error {
+	u, err := splitURL(raw)
+	if err != nil {
+		return err
+	}
+	if u.scheme != "http" && u.scheme != "https" {
+		return fmt.Errorf("scheme %q is not one of http, https", u.scheme)
+	}
+	if len(u.hosts) != 1 || u.hosts[0] == "" {
+		return errors.New("needs exactly one host, as in https://api.telegram.org")
+	}
+	if err := checkHostPort(u.hosts[0], false); err != nil {
+		return err
+	}
+	if strings.ContainsAny(u.rest, "?#") {
+		return errors.New("must not have a query or a fragment")
+	}
+	return nil
+}
+
+func (l *loader) logLevel() slog.Level {
+	s := l.lookup(EnvLogLevel, "", false)
+	if !s.set() {
+		return slog.LevelInfo
+	}
+	switch strings.ToLower(s.value) {
+	case "debug":
+		return slog.LevelDebug
+	case "info":
+		return slog.LevelInfo
+	case "warn":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	}
+	l.fail(s, fmt.Sprintf("%q is not one of debug, info, warn, error", s.value))
+	return slog.LevelInfo
+}
+
+func (l *loader) role() Role {
+	s := l.lookup(EnvRole, "", false)
+	if !s.set() {
+		return RoleAll
+	}
+	switch r := Role(strings.ToLower(s.value)); r {
+	case RoleAll, RoleEvaluator, RoleDeliverer:
+		return r
+	}
+	l.fail(s, fmt.Sprintf("%q is not one of all, evaluator, deliverer", s.value))
+	return RoleAll
+}
+
+func (l *loader) batching() (prefetch, batch int) {
+	prefetch = defaultPrefetch
+	if s := l.lookup(EnvPrefetch, "", false); s.set() {
+		n, err := strconv.Atoi(s.value)
+		if err != nil || n < 1 || n > 65535 {
+			l.fail(s, fmt.Sprintf("%q is not a whole number from 1 to 65535", s.value))
+		} else {
+			prefetch = n
+		}
+	}
+
+	batch = min(defaultBatchSize, prefetch)
+	if s := l.lookup(EnvBatchSize, "", false); s.set() {
+		n, err := strconv.Atoi(s.value)
+		switch {
+		case err != nil || n < 1:
+			l.fail(s, fmt.Sprintf("%q is not a whole number of 1 or more", s.value))
+		case n > prefetch:
+			l.fail(s, fmt.Sprintf("%d is more than %s (%d); a batch is made of prefetched messages", n, EnvPrefetch, prefetch))
+		default:
+			batch = n
+		}
+	}
+	return prefetch, batch
+}
+
+func (l *loader) duration(name string, def time.Duration) time.Duration {
+	s := l.lookup(name, "", false)
+	if !s.set() {
+		return def
+	}
+	d, err := time.ParseDuration(s.value)
+	switch {
+	case err != nil:
+		l.fail(s, fmt.Sprintf("%q is not a duration (write it as Go does: 500ms, 5s, 1m30s, 24h)", s.value))
+	case d <= 0:
+		l.fail(s, fmt.Sprintf("%q is not positive", s.value))
+	default:
+		return d
+	}
+	return def
+}
+
+// checkHostPort checks "host", "host:port", "[v6]" or "[v6]:port"; with
+// needPort the port must be present.
+func checkHostPort(hp string, needPort bool) error {
+	if hp == "" {
+		return errors.New("a host is empty")
+	}
+	host, port := hp, ""
+	if h, p, err := net.SplitHostPort(hp); err == nil {
+		host, port = h, p
+	} else if strings.HasPrefix(hp, "[") && strings.HasSuffix(hp, "]") {
+		host = hp[1 : len(hp)-1]
+	} else if strings.Contains(hp, ":") {
+		return fmt.Errorf("%q is not host:port", hp)
+	}
+	if host == "" {
+		return fmt.Errorf("%q has no host", hp)
+	}
+	if strings.IndexFunc(host, func(r rune) bool {
+		return unicode.IsSpace(r) || unicode.IsControl(r) || strings.ContainsRune("/@?#[]", r)
+	}) >= 0 {
+		return fmt.Errorf("host %q is not valid", host)
+	}
+	if port == "" {
+		if needPort {
+			return fmt.Errorf("%q has no port", hp)
+		}
+		return nil
+	}
+	return checkPort(port, 1)
+}
+
+func checkPort(port string, lowest int) error {
+	n, err := strconv.Atoi(port)
+	if err != nil || n < lowest || n > 65535 {
+		return fmt.Errorf("port %q is not a number from %d to 65535", port, lowest)
+	}
+	return nil
+}

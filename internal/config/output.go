@@ -1,0 +1,71 @@
+package config
+
+import (
+	"log/slog"
+	"strconv"
+	"strings"
+)
+
+// attrs is the configuration as it may be shown: URLs without their user
+// info or credential parameters, and secrets as xxxxx when set.
+func (c Config) attrs() []slog.Attr {
+	secret := func(v string) string {
+		if v == "" {
+			return ""
+		}
+		return redacted
+	}
+	return []slog.Attr{
+		slog.String("amqp_url", redactURL(c.AMQPURL)),
+		slog.String("queue", c.Queue),
+		slog.String("redis_url", redactURL(c.RedisURL)),
+		slog.String("mongo_url", redactURL(c.MongoURL)),
+		slog.String("mongo_database", c.MongoDatabase),
+		slog.String("rules_file", c.RulesFile),
+		slog.String("prefix", c.Prefix),
+		slog.String("http_addr", c.HTTPAddr),
+		slog.String("smtp_addr", c.SMTPAddr),
+		slog.String("smtp_username", c.SMTPUsername),
+		slog.String("smtp_password", secret(c.SMTPPassword)),
+		slog.String("smtp_from", c.SMTPFrom),
+		slog.String("smtp_tls", string(c.SMTPTLS)),
+		slog.String("telegram_token", secret(c.TelegramToken)),
+		slog.String("telegram_api_url", redactURL(c.TelegramAPI)),
+		slog.String("log_level", c.LogLevel.String()),
+		slog.String("role", string(c.Role)),
+		slog.Int("prefetch", c.Prefetch),
+		slog.Int("batch_size", c.BatchSize),
+		slog.Duration("dedup_ttl", c.DedupTTL),
+		slog.Duration("rules_refresh", c.RulesRefresh),
+		slog.Duration("send_timeout", c.SendTimeout),
+	}
+}
+
+// LogValue makes slog print the configuration as a group, secrets redacted:
+// slog.Info("starting", "config", cfg).
+func (c Config) LogValue() slog.Value {
+	return slog.GroupValue(c.attrs()...)
+}
+
+// String returns key=value pairs, secrets redacted.
+func (c Config) String() string {
+	var b strings.Builder
+	for i, a := range c.attrs() {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(a.Key)
+		b.WriteByte('=')
+		v := a.Value.String()
+		if v == "" || strings.ContainsAny(v, " \"=") {
+			v = strconv.Quote(v)
+		}
+		b.WriteString(v)
+	}
+	return b.String()
+}
+
+// GoString keeps %#v from printing the secret fields.
+func (c Config) GoString() string {
+	return "config.Config{" + c.String() + "}"
+}
