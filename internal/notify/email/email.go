@@ -1,0 +1,393 @@
+// Package email delivers notifications by SMTP: gopkg.in/gomail.v2 composes
+// the message (text and HTML parts), and net/smtp carries it, so that each
+// send is bound to its context and TLS is exactly what the operator chose.
+package email
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"html/template"
+	"net"
+	"net/mail"
+	"net/smtp"
+	"net/textproto"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/gomail.v2"
+
+	"github.com/klaxonhq/klaxon/internal/notify"
+)
+
+// Name is the channel's name in rules and errors.
+const Name = "email"
+
+// TLSMode is how the connection to the SMTP server is secured
+// (KLAXON_SMTP_TLS).
+type TLSMode string
+
+const (
+	// TLSNone is plain SMTP, even when the server offers STARTTLS.
+	TLSNone TLSMode = "none"
+	// TLSStartTLS upgrades with STARTTLS and fails when the server does not
+	// offer it, rather than send in clear.
+	TLSStartTLS TLSMode = "starttls"
+	// TLSImplicit speaks TLS from the first byte (port 465).
+	TLSImplicit TLSMode = "tls"
+)
+
+// DefaultTimeout bounds a send whose context has no earlier deadline.
+const DefaultTimeout = 30 * time.Second
+
+// Config is what the channel needs from the operator.
+type Config struct {
+	Addr     string // host:port of the SMTP server
+	Username string // empty: no AUTH
+	Password string
+	From     string // "Klaxon <alerts@example.com>" or a bare address
+	// TLS is the TLS mode; empty means TLSImplicit on port 465 and
+	// TLSStartTLS on any other.
+	TLS TLSMode
+	// TLSConfig overrides the TLS settings (e.g. a private CA); nil uses the
+	// system's roots. ServerName defaults to Addr's host.
+	TLSConfig *tls.Config
+	// LocalName is the name sent with EHLO; empty means "localhost".
+	LocalName string
+	// Timeout bounds each send when the context has no earlier deadline;
+	// zero means DefaultTimeout.
+	Timeout time.Duration
+}
+
+// Notifier sends messages by SMTP.
+type Notifier struct {
+	cfg     Config
+	host    string
+	from    *mail.Address
+	mode    TLSMode
+	tls     *tls.Config
+	page    *template.Template
+	timeout time.Duration
+}
+
+var _ notify.Channel = (*Notifier)(nil)
+
+// New checks cfg and returns a Notifier. It does not connect.
+func New(cfg Config) (*Notifier, error) {
+	host, port, err := net.SplitHostPort(cfg.Addr)
+	if err != nil || host == "" {
+		return nil, fmt.Errorf("email: address %q: want host:port", cfg.Addr)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return nil, fmt.Errorf("email: address %q: bad port", cfg.Addr)
+	}
+	from, err := mail.ParseAddress(cfg.From)
+	if err != nil {
+		return nil, fmt.Errorf("email: from %q: %w", cfg.From, err)
+	}
+	mode := cfg.TLS
+	switch mode {
+	case "":
+		mode = TLSStartTLS
+		if port == "465" {
+			mode = TLSImplicit
+		}
+	case TLSNone, TLSStartTLS, TLSImplicit:
+	default:
+		return nil, fmt.Errorf("email: TLS mode %q: want %q, %q or %q", cfg.TLS, TLSNone, TLSStartTLS, TLSImplicit)
+	}
+	if mode == TLSNone && cfg.Username != "" && !isLocalhost(host) {
+		// net/smtp refuses too; saying so now beats failing every send.
+		return nil, fmt.Errorf("email: TLS mode %q would send the password in clear to %s: use %q or %q", TLSNone, host, TLSStartTLS, TLSImplicit)
+	}
+	tlsConfig := &tls.Config{}
+	if cfg.TLSConfig != nil {
+		tlsConfig = cfg.TLSConfig.Clone()
+	}
+	if tlsConfig.ServerName == "" {
+		tlsConfig.ServerName = host
+	}
+	timeout := cfg.Timeout
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	page, err := template.New("email").Parse(pageHTML)
+	if err != nil {
+		return nil, fmt.Errorf("email: template: %w", err)
+	}
+	return &Notifier{cfg: cfg, host: host, from: from, mode: mode, tls: tlsConfig, page: page, timeout: timeout}, nil
+}
+
+// Notify emails m to the comma-separated addresses in endpoint. SMTP 4xx
+// replies and connection or TLS failures are worth retrying; 5xx replies
+// are not. When the server refuses some recipients with 5xx and accepts
+// others, the message goes to those it accepted and the error names the
+// rest, without retry: a retry would repeat the message to the others.
+func (n *Notifier) Notify(ctx context.Context, endpoint string, m *notify.Message) (retry bool, err error) {
+	if err := notify.CheckMessage(m); err != nil {
+		return false, err
+	}
+	to, err := parseRecipients(endpoint)
+	if err != nil {
+		return false, err
+	}
+	msg, err := n.compose(to, m)
+	if err != nil {
+		return false, err
+	}
+	rcpts := make([]string, len(to))
+	for i, a := range to {
+		rcpts[i] = a.Address
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.timeout)
+	defer cancel()
+	return n.send(ctx, rcpts, msg)
+}
+
+// parseRecipients reads "a@x.io, Bob <b@y.io>", tolerating stray commas.
+func parseRecipients(endpoint string) ([]*mail.Address, error) {
+	if list, err := mail.ParseAddressList(endpoint); err == nil {
+		return list, nil
+	}
+	var list []*mail.Address
+	for _, s := range strings.Split(endpoint, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		a, err := mail.ParseAddress(s)
+		if err != nil {
+			return nil, fmt.Errorf("email: recipient %q: %w", s, err)
+		}
+		list = append(list, a)
+	}
+	if len(list) == 0 {
+		return nil, errors.New("email: no recipient address")
+	}
+	return list, nil
+}
+
+func (n *Notifier) compose(to []*mail.Address, m *notify.Message) (*gomail.Message, error) {
+	v := notify.Render(m)
+	var html bytes.Buffer
+	if err := n.page.Execute(&html, v); err != nil {
+		return nil, fmt.Errorf("email: render HTML: %w", err)
+	}
+	gm := gomail.NewMessage()
+	gm.SetHeader("From", n.from.String())
+	addrs := make([]string, len(to))
+	for i, a := range to {
+		addrs[i] = a.String()
+	}
+	gm.SetHeader("To", addrs...)
+	gm.SetHeader("Subject", "[Klaxon] "+v.Subject)
+	gm.SetHeader("X-Klaxon-Notification-Id", m.ID)
+	// A Message-ID derived from the notification id lets mail systems
+	// collapse the one repeat a crash may cause.
+	if id := messageID(m.ID, n.from.Address); id != "" {
+		gm.SetHeader("Message-ID", id)
+	}
+	// RFC 3834: keeps vacation responders from answering alerts.
+	gm.SetHeader("Auto-Submitted", "auto-generated")
+	gm.SetBody("text/plain", v.Text()+"\n")
+	gm.AddAlternative("text/html", html.String())
+	return gm, nil
+}
+
+func messageID(id, from string) string {
+	local := strings.Map(func(r rune) rune {
+		if r < 128 && (r == '.' || r == '-' || r == '_' || 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9') {
+			return r
+		}
+		return -1
+	}, id)
+	_, domain, _ := strings.Cut(from, "@")
+	if local == "" || domain == "" {
+		return ""
+	}
+	return "<" + local + ".klaxon@" + domain + ">"
+}
+
+// send carries msg over one SMTP session. Everything it waits on ends with
+// ctx: the connection is closed when ctx is done.
+func (n *Notifier) send(ctx context.Context, to []string, msg *gomail.Message) (retry bool, err error) {
+	var dialer net.Dialer
+	conn, err := dialer.DialContext(ctx, "tcp", n.cfg.Addr)
+	if err != nil {
+		return true, fmt.Errorf("email: connect: %w", err)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	defer stop()
+	defer func() {
+		if err != nil && ctx.Err() != nil {
+			err = fmt.Errorf("email: %w: %w", ctx.Err(), err)
+			retry = true
+		}
+	}()
+	if n.mode == TLSImplicit {
+		tc := tls.Client(conn, n.tls)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			_ = conn.Close()
+			return true, fmt.Errorf("email: TLS handshake: %w", err)
+		}
+		conn = tc
+	}
+	c, err := smtp.NewClient(conn, n.host)
+	if err != nil {
+		_ = conn.Close()
+		return classify("greeting", err)
+	}
+	defer c.Close()
+	if n.cfg.LocalName != "" {
+		if err := c.Hello(n.cfg.LocalName); err != nil {
+			return classify("EHLO", err)
+		}
+	}
+	if n.mode == TLSStartTLS {
+		if ok, _ := c.Extension("STARTTLS"); !ok {
+			return true, errors.New("email: server does not offer STARTTLS (KLAXON_SMTP_TLS=starttls)")
+		}
+		if err := c.StartTLS(n.tls); err != nil {
+			return classify("STARTTLS", err)
+		}
+	}
+	if n.cfg.Username != "" {
+		auth, err := n.auth(c)
+		if err != nil {
+			return true, err
+		}
+		if err := c.Auth(auth); err != nil {
+			return classify("AUTH", err)
+		}
+	}
+	if err := c.Mail(n.from.Address); err != nil {
+		return classify("MAIL FROM", err)
+	}
+	var refused []string
+	for _, addr := range to {
+		err := c.Rcpt(addr)
+		if err == nil {
+			continue
+		}
+		if retry, err := classify("RCPT TO", err); retry {
+			return true, err
+		}
+		refused = append(refused, fmt.Sprintf("%s (%v)", addr, err))
+	}
+	if len(refused) == len(to) {
+		return false, fmt.Errorf("email: every recipient refused: %s", strings.Join(refused, "; "))
+	}
+	w, err := c.Data()
+	if err != nil {
+		return classify("DATA", err)
+	}
+	if _, err := msg.WriteTo(w); err != nil {
+		_ = w.Close()
+		return classify("DATA", err)
+	}
+	if err := w.Close(); err != nil {
+		return classify("DATA", err)
+	}
+	// The server has the message: a failed QUIT changes nothing.
+	_ = c.Quit()
+	if len(refused) > 0 {
+		return false, fmt.Errorf("email: sent, but some recipients refused: %s", strings.Join(refused, "; "))
+	}
+	return false, nil
+}
+
+// classify decides on an SMTP reply: 4xx is worth retrying, 5xx is not.
+// Anything else (connection reset, TLS failure) is worth retrying.
+func classify(stage string, err error) (bool, error) {
+	var reply *textproto.Error
+	if errors.As(err, &reply) {
+		return reply.Code/100 == 4, fmt.Errorf("email: %s: %w", stage, err)
+	}
+	return true, fmt.Errorf("email: %s: %w", stage, err)
+}
+
+// auth picks a mechanism the server offers: PLAIN, else LOGIN, else
+// CRAM-MD5.
+func (n *Notifier) auth(c *smtp.Client) (smtp.Auth, error) {
+	ok, mechs := c.Extension("AUTH")
+	if !ok {
+		return nil, errors.New("email: server does not offer AUTH, but a username is set")
+	}
+	offered := strings.Fields(strings.ToUpper(mechs))
+	has := func(mech string) bool {
+		for _, m := range offered {
+			if m == mech {
+				return true
+			}
+		}
+		return false
+	}
+	switch {
+	case has("PLAIN"):
+		return smtp.PlainAuth("", n.cfg.Username, n.cfg.Password, n.host), nil
+	case has("LOGIN"):
+		return &loginAuth{username: n.cfg.Username, password: n.cfg.Password, host: n.host}, nil
+	case has("CRAM-MD5"):
+		return smtp.CRAMMD5Auth(n.cfg.Username, n.cfg.Password), nil
+	}
+	return nil, fmt.Errorf("email: server offers AUTH %s; Klaxon speaks PLAIN, LOGIN and CRAM-MD5", mechs)
+}
+
+// loginAuth is AUTH LOGIN, which net/smtp lacks and servers such as
+// Office 365 require. Like smtp.PlainAuth, it refuses to send the password
+// in clear except to localhost.
+type loginAuth struct {
+	username, password, host string
+}
+
+func (a *loginAuth) Start(server *smtp.ServerInfo) (string, []byte, error) {
+	if !server.TLS && !isLocalhost(server.Name) {
+		return "", nil, errors.New("unencrypted connection")
+	}
+	if server.Name != a.host {
+		return "", nil, errors.New("wrong host name")
+	}
+	return "LOGIN", nil, nil
+}
+
+func (a *loginAuth) Next(fromServer []byte, more bool) ([]byte, error) {
+	if !more {
+		return nil, nil
+	}
+	switch strings.ToLower(strings.TrimSpace(string(fromServer))) {
+	case "username:":
+		return []byte(a.username), nil
+	case "password:":
+		return []byte(a.password), nil
+	}
+	return nil, fmt.Errorf("unexpected AUTH LOGIN challenge %q", fromServer)
+}
+
+// isLocalhost is net/smtp's test for a server it will send a password to in
+// clear.
+func isLocalhost(host string) bool {
+	return host == "localhost" || host == "127.0.0.1" || host == "::1"
+}
+
+// pageHTML is the HTML part; html/template escapes every value in it.
+const pageHTML = `<!DOCTYPE html>
+<html><body style="font-family: sans-serif; line-height: 1.4">
+{{- if .Header}}
+<h2>{{.Header}}</h2>
+{{- end}}
+{{- range .Items}}
+<h3 style="margin-bottom: 0">{{.Title}}</h3>
+<p style="margin-top: 4px"><strong>{{.Summary}}</strong></p>
+<ul style="color: #555">
+{{- range .Details}}
+<li>{{.}}</li>
+{{- end}}
+</ul>
+{{- end}}
+{{- if .Footer}}
+<p style="color: #888">{{.Footer}}</p>
+{{- end}}
+</body></html>
+`

@@ -1,0 +1,251 @@
+package notify
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// View is a message rendered as plain text for people, before any channel's
+// escaping: every string in it is raw user data plus Klaxon's wording, and a
+// channel must escape each one for its own format (HTML, Slack mrkdwn).
+//
+// A single threshold notification reads:
+//
+//	Subject: TypeError: x is undefined — 150 events in the last 1 minute
+//	Items[0].Title:   TypeError: x is undefined
+//	Items[0].Summary: 150 events in the last 1 minute (threshold 100)
+//	Items[0].Details: 1 minute window: 150 of 100 events (fired), resets at 2025-01-02T03:05:05Z
+//	                  Fired at 2025-01-02T03:04:05Z
+//	                  Project 5e3e…, rule 64ab…, group 11da…
+//	                  Notification id 9f1c…
+type View struct {
+	// Subject is one line saying what happened, for an email subject or a
+	// chat notification preview. Titles in it are shortened.
+	Subject string
+	// Header introduces a digest: "3 notifications for rule R in project
+	// P". Empty for a single notification.
+	Header string
+	// Items has one entry per firing, oldest first as given.
+	Items []Item
+	// Footer closes a digest ("Digest id …"). Empty for a single
+	// notification.
+	Footer string
+}
+
+// Item is one firing in a View.
+type Item struct {
+	Title   string   // the event title on one line, not shortened
+	Summary string   // "150 events in the last 1 minute (threshold 100)" or "New event, seen for the first time"
+	FiredAt string   // RFC 3339, UTC
+	Details []string // one fact per line: windows, times, ids
+}
+
+// Line is the item on one line, as a digest lists it.
+func (it Item) Line() string {
+	return fmt.Sprintf("%s — %s, fired at %s", it.Title, it.Summary, it.FiredAt)
+}
+
+// Lines is the whole view as plain text lines: for a single notification the
+// title, summary and details; for a digest the header, one line per firing
+// and the footer.
+func (v View) Lines() []string {
+	if v.Header == "" && len(v.Items) == 1 {
+		it := v.Items[0]
+		return append([]string{it.Title, it.Summary, ""}, it.Details...)
+	}
+	lines := []string{v.Header, ""}
+	for _, it := range v.Items {
+		lines = append(lines, "• "+it.Line())
+	}
+	if v.Footer != "" {
+		lines = append(lines, "", v.Footer)
+	}
+	return lines
+}
+
+// Text is Lines joined by newlines.
+func (v View) Text() string { return strings.Join(v.Lines(), "\n") }
+
+// CheckMessage reports whether m can be rendered and sent: a single message
+// carries exactly one notification, a digest at least one.
+func CheckMessage(m *Message) error {
+	switch {
+	case m == nil:
+		return errors.New("nil message")
+	case len(m.Notifications) == 0:
+		return fmt.Errorf("message %s has no notifications", m.ID)
+	case !m.Digest && len(m.Notifications) != 1:
+		return fmt.Errorf("message %s is not a digest but has %d notifications", m.ID, len(m.Notifications))
+	}
+	return nil
+}
+
+// subjectTitle bounds how much of a title a subject line repeats.
+const subjectTitle = 150
+
+// Render turns a message into a View. It needs no clock: every time shown
+// comes from the message, so a retry renders the same text.
+func Render(m *Message) View {
+	var v View
+	for _, n := range m.Notifications {
+		v.Items = append(v.Items, renderItem(n))
+	}
+	if !m.Digest && len(v.Items) == 1 {
+		it, n := v.Items[0], m.Notifications[0]
+		v.Subject = Truncate(it.Title, subjectTitle) + " — " + shortSummary(n)
+		return v
+	}
+	v.Header = fmt.Sprintf("%s for rule %s in project %s",
+		plural(int64(len(m.Notifications)), "notification"), m.RuleID, m.ProjectID)
+	v.Subject = fmt.Sprintf("%s for rule %s", plural(int64(len(m.Notifications)), "notification"), m.RuleID)
+	if len(v.Items) > 0 {
+		v.Subject += ": " + Truncate(v.Items[0].Title, subjectTitle)
+		if more := len(v.Items) - 1; more > 0 {
+			v.Subject += fmt.Sprintf(" and %d more", more)
+		}
+	}
+	v.Footer = "Digest id " + m.ID
+	return v
+}
+
+func renderItem(n Notification) Item {
+	it := Item{
+		Title:   OneLine(n.Event.Title),
+		Summary: summary(n),
+		FiredAt: rfc3339(n.FiredAt),
+	}
+	if it.Title == "" {
+		it.Title = "(untitled event)"
+	}
+	if n.Type != TypeNew {
+		noun := countNoun(n)
+		fired := false
+		for _, w := range n.Windows {
+			line := fmt.Sprintf("%s window: %d of %d %s", HumanDuration(ms(w.Period)), w.Count, w.Threshold, noun)
+			// Mark only the first window that matches the one that fired.
+			if !fired && w.Period == n.Period && w.Threshold == n.Threshold {
+				fired = true
+				line += " (fired)"
+			}
+			if !w.ResetAt.IsZero() {
+				line += ", resets at " + rfc3339(w.ResetAt)
+			}
+			it.Details = append(it.Details, line)
+		}
+	}
+	it.Details = append(it.Details, "Fired at "+it.FiredAt)
+	ids := fmt.Sprintf("Project %s, rule %s, group %s", n.ProjectID, n.RuleID, n.Event.GroupHash)
+	if n.Event.RepetitionID != nil && *n.Event.RepetitionID != "" {
+		ids += ", repetition " + *n.Event.RepetitionID
+	}
+	it.Details = append(it.Details, ids, "Notification id "+n.ID)
+	return it
+}
+
+// summary says what fired: "150 events in the last 1 minute (threshold 100)".
+func summary(n Notification) string {
+	if n.Type == TypeNew {
+		return "New event, seen for the first time"
+	}
+	return fmt.Sprintf("%s (threshold %d)", shortSummary(n), n.Threshold)
+}
+
+func shortSummary(n Notification) string {
+	if n.Type == TypeNew {
+		return "new event"
+	}
+	s := fmt.Sprintf("%d %s", n.Count, countNoun(n))
+	if n.Period > 0 {
+		s += " in the last " + HumanDuration(ms(n.Period))
+	}
+	return s
+}
+
+// countNoun is what a threshold counted, in agreement with its count.
+func countNoun(n Notification) string {
+	noun := "event"
+	if n.CountBy == "users" {
+		noun = "user"
+	}
+	if n.Count != 1 {
+		noun += "s"
+	}
+	return noun
+}
+
+func ms(v int64) time.Duration { return time.Duration(v) * time.Millisecond }
+
+func rfc3339(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+
+func plural(n int64, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.FormatInt(n, 10) + " " + noun + "s"
+}
+
+// HumanDuration says d in words, exactly, largest unit first: "1 second",
+// "30 seconds", "1 minute", "1 hour 30 minutes", "1 day", "2 weeks",
+// "1.5 seconds". Sub-millisecond parts are rounded away.
+func HumanDuration(d time.Duration) string {
+	if d < 0 {
+		return "-" + HumanDuration(-d)
+	}
+	d = d.Round(time.Millisecond)
+	if d == 0 {
+		return "0 seconds"
+	}
+	units := []struct {
+		size time.Duration
+		name string
+	}{
+		{7 * 24 * time.Hour, "week"},
+		{24 * time.Hour, "day"},
+		{time.Hour, "hour"},
+		{time.Minute, "minute"},
+	}
+	var parts []string
+	for _, u := range units {
+		if d >= u.size {
+			parts = append(parts, plural(int64(d/u.size), u.name))
+			d %= u.size
+		}
+	}
+	switch {
+	case d == 0:
+	case d%time.Second == 0:
+		parts = append(parts, plural(int64(d/time.Second), "second"))
+	default:
+		// "1.5 seconds": fractions read as plural.
+		parts = append(parts, strconv.FormatFloat(d.Seconds(), 'f', -1, 64)+" seconds")
+	}
+	return strings.Join(parts, " ")
+}
+
+// OneLine turns control characters (newlines, tabs) into spaces and trims,
+// so a multi-line error title fits a header or subject line.
+func OneLine(s string) string {
+	return strings.TrimSpace(strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s))
+}
+
+// Truncate shortens s to at most n runes, ending with "…" when cut. Cut
+// before escaping, so no entity is split.
+func Truncate(s string, n int) string {
+	if n <= 0 {
+		return ""
+	}
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	return string([]rune(s)[:n-1]) + "…"
+}

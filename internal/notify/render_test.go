@@ -1,0 +1,196 @@
+package notify_test
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/klaxonhq/klaxon/internal/notify"
+)
+
+var firedAt = time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func thresholdNotification() notify.Notification {
+	rep := "rep-7"
+	return notify.Notification{
+		ID: "n-1", Type: notify.TypeThreshold,
+		ProjectID: "5e3eef0679fa3700a0198a49", RuleID: "64ab00000000000000000001",
+		Event: notify.Event{Title: "TypeError: x is undefined", GroupHash: "11dabb", RepetitionID: &rep},
+		Count: 150, Threshold: 100, Period: 60_000, FiredAt: firedAt,
+		Windows: []notify.WindowStatus{
+			{Threshold: 100, Period: 60_000, Count: 150, ResetAt: firedAt.Add(time.Minute)},
+			{Threshold: 1000, Period: 3_600_000, Count: 300, ResetAt: firedAt.Add(time.Hour)},
+		},
+	}
+}
+
+func TestHumanDuration(t *testing.T) {
+	for _, tc := range []struct {
+		d    time.Duration
+		want string
+	}{
+		{time.Second, "1 second"},
+		{30 * time.Second, "30 seconds"},
+		{time.Minute, "1 minute"},
+		{5 * time.Minute, "5 minutes"},
+		{time.Hour, "1 hour"},
+		{24 * time.Hour, "1 day"},
+		{7 * 24 * time.Hour, "1 week"},
+		{14 * 24 * time.Hour, "2 weeks"},
+		{90 * time.Minute, "1 hour 30 minutes"},
+		{61 * time.Second, "1 minute 1 second"},
+		{36 * time.Hour, "1 day 12 hours"},
+		{1500 * time.Millisecond, "1.5 seconds"},
+		{0, "0 seconds"},
+	} {
+		if got := notify.HumanDuration(tc.d); got != tc.want {
+			t.Errorf("HumanDuration(%s) = %q, want %q", tc.d, got, tc.want)
+		}
+	}
+}
+
+func TestRenderThreshold(t *testing.T) {
+	n := thresholdNotification()
+	v := notify.Render(&notify.Message{ID: n.ID, ProjectID: n.ProjectID, RuleID: n.RuleID, Notifications: []notify.Notification{n}})
+
+	if want := "TypeError: x is undefined — 150 events in the last 1 minute"; v.Subject != want {
+		t.Errorf("Subject = %q, want %q", v.Subject, want)
+	}
+	if v.Header != "" || v.Footer != "" || len(v.Items) != 1 {
+		t.Fatalf("single message rendered as %+v", v)
+	}
+	it := v.Items[0]
+	if want := "150 events in the last 1 minute (threshold 100)"; it.Summary != want {
+		t.Errorf("Summary = %q, want %q", it.Summary, want)
+	}
+	wantDetails := []string{
+		"1 minute window: 150 of 100 events (fired), resets at 2025-01-02T03:05:05Z",
+		"1 hour window: 300 of 1000 events, resets at 2025-01-02T04:04:05Z",
+		"Fired at 2025-01-02T03:04:05Z",
+		"Project 5e3eef0679fa3700a0198a49, rule 64ab00000000000000000001, group 11dabb, repetition rep-7",
+		"Notification id n-1",
+	}
+	if !slices.Equal(it.Details, wantDetails) {
+		t.Errorf("Details =\n%s\nwant\n%s", strings.Join(it.Details, "\n"), strings.Join(wantDetails, "\n"))
+	}
+	lines := v.Lines()
+	if lines[0] != n.Event.Title || lines[1] != it.Summary {
+		t.Errorf("Lines start %q, want title then summary", lines[:2])
+	}
+	if strings.Contains(v.Text(), "60000") {
+		t.Errorf("text shows the period in ms:\n%s", v.Text())
+	}
+}
+
+func TestRenderCountsUsers(t *testing.T) {
+	n := thresholdNotification()
+	n.CountBy = "users"
+	n.Windows = n.Windows[:1]
+	v := notify.Render(&notify.Message{Notifications: []notify.Notification{n}})
+	if want := "150 users in the last 1 minute (threshold 100)"; v.Items[0].Summary != want {
+		t.Errorf("Summary = %q, want %q", v.Items[0].Summary, want)
+	}
+	if want := "1 minute window: 150 of 100 users (fired)"; !strings.HasPrefix(v.Items[0].Details[0], want) {
+		t.Errorf("window line = %q, want prefix %q", v.Items[0].Details[0], want)
+	}
+	n.Count, n.Threshold, n.Period = 1, 1, 30_000
+	v = notify.Render(&notify.Message{Notifications: []notify.Notification{n}})
+	if want := "1 user in the last 30 seconds (threshold 1)"; v.Items[0].Summary != want {
+		t.Errorf("Summary = %q, want %q", v.Items[0].Summary, want)
+	}
+}
+
+func TestRenderNew(t *testing.T) {
+	n := notify.Notification{ID: "n-2", Type: notify.TypeNew, Count: 1, FiredAt: firedAt,
+		Event: notify.Event{Title: "ReferenceError:\n  foo is not defined\tat bar"}}
+	v := notify.Render(&notify.Message{Notifications: []notify.Notification{n}})
+	it := v.Items[0]
+	if want := "ReferenceError:   foo is not defined at bar"; it.Title != want {
+		t.Errorf("Title = %q, want the title on one line %q", it.Title, want)
+	}
+	if want := "New event, seen for the first time"; it.Summary != want {
+		t.Errorf("Summary = %q, want %q", it.Summary, want)
+	}
+	if !strings.HasSuffix(v.Subject, " — new event") || strings.Contains(v.Subject, "\n") {
+		t.Errorf("Subject = %q", v.Subject)
+	}
+	for _, d := range it.Details {
+		if strings.Contains(d, "window") {
+			t.Errorf("new-event notification shows a window: %q", d)
+		}
+	}
+}
+
+func TestRenderDigest(t *testing.T) {
+	a, b, c := thresholdNotification(), thresholdNotification(), thresholdNotification()
+	b.Event.Title, b.Count = "RangeError: too deep", 120
+	c.Type, c.Event.Title, c.Count, c.Windows = notify.TypeNew, "SyntaxError", 1, nil
+	m := &notify.Message{ID: "d-1", ProjectID: a.ProjectID, RuleID: a.RuleID, Digest: true,
+		Notifications: []notify.Notification{a, b, c}}
+	v := notify.Render(m)
+
+	if want := "3 notifications for rule 64ab00000000000000000001 in project 5e3eef0679fa3700a0198a49"; v.Header != want {
+		t.Errorf("Header = %q, want %q", v.Header, want)
+	}
+	if want := "3 notifications for rule 64ab00000000000000000001: TypeError: x is undefined and 2 more"; v.Subject != want {
+		t.Errorf("Subject = %q, want %q", v.Subject, want)
+	}
+	want := []string{
+		v.Header,
+		"",
+		"• TypeError: x is undefined — 150 events in the last 1 minute (threshold 100), fired at 2025-01-02T03:04:05Z",
+		"• RangeError: too deep — 120 events in the last 1 minute (threshold 100), fired at 2025-01-02T03:04:05Z",
+		"• SyntaxError — New event, seen for the first time, fired at 2025-01-02T03:04:05Z",
+		"",
+		"Digest id d-1",
+	}
+	if got := v.Lines(); !slices.Equal(got, want) {
+		t.Errorf("Lines =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func TestRenderDigestOfOne(t *testing.T) {
+	n := thresholdNotification()
+	v := notify.Render(&notify.Message{ID: "d-2", RuleID: "r", Digest: true, Notifications: []notify.Notification{n}})
+	if want := "1 notification for rule r: TypeError: x is undefined"; v.Subject != want {
+		t.Errorf("Subject = %q, want %q", v.Subject, want)
+	}
+	if lines := v.Lines(); len(lines) != 5 || !strings.HasPrefix(lines[2], "• ") {
+		t.Errorf("a digest of one is still listed as a digest: %q", lines)
+	}
+}
+
+func TestTruncate(t *testing.T) {
+	for _, tc := range []struct {
+		s    string
+		n    int
+		want string
+	}{
+		{"hello", 5, "hello"},
+		{"hello", 4, "hel…"},
+		{"héllo wörld", 3, "hé…"},
+		{"", 3, ""},
+		{"abc", 0, ""},
+	} {
+		if got := notify.Truncate(tc.s, tc.n); got != tc.want {
+			t.Errorf("Truncate(%q, %d) = %q, want %q", tc.s, tc.n, got, tc.want)
+		}
+	}
+}
+
+func TestCheckMessage(t *testing.T) {
+	n := thresholdNotification()
+	for name, m := range map[string]*notify.Message{
+		"nil":                  nil,
+		"empty":                {ID: "x"},
+		"two without a digest": {ID: "x", Notifications: []notify.Notification{n, n}},
+	} {
+		if err := notify.CheckMessage(m); err == nil {
+			t.Errorf("%s: CheckMessage = nil, want an error", name)
+		}
+	}
+	if err := notify.CheckMessage(&notify.Message{ID: "x", Digest: true, Notifications: []notify.Notification{n, n}}); err != nil {
+		t.Errorf("digest: %v", err)
+	}
+}

@@ -1,0 +1,224 @@
+// Package slack delivers notifications to Slack incoming webhooks, through
+// github.com/slack-go/slack, as a text summary plus Block Kit blocks.
+package slack
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	slackapi "github.com/slack-go/slack"
+
+	"github.com/klaxonhq/klaxon/internal/notify"
+)
+
+// Name is the channel's name in rules and errors.
+const Name = "slack"
+
+// Slack's limits: a payload over them is refused with 400 invalid_blocks,
+// which would lose the message for good.
+const (
+	maxBlocks    = 50
+	maxBlockText = 3000
+	// Titles are shortened so a single line of a digest stays readable and
+	// a block stays under maxBlockText even when escaping grows it.
+	maxTitle       = 500
+	maxDigestTitle = 200
+)
+
+// Notifier posts messages to Slack incoming-webhook URLs (the endpoint,
+// which is a secret: errors never contain it). The zero value uses
+// http.DefaultClient; deadlines come from the context of each call.
+type Notifier struct {
+	Client *http.Client
+}
+
+var _ notify.Channel = (*Notifier)(nil)
+
+// New returns a Notifier using client (nil: http.DefaultClient).
+func New(client *http.Client) *Notifier { return &Notifier{Client: client} }
+
+// Notify posts m to the webhook. 5xx, 408, 429 and network errors are worth
+// retrying, and a 429's Retry-After is honoured (the error implements
+// notify.RetryAfter); other 4xx ("no_service", "channel_is_archived") are
+// not.
+func (n *Notifier) Notify(ctx context.Context, webhookURL string, m *notify.Message) (retry bool, err error) {
+	if err := notify.CheckMessage(m); err != nil {
+		return false, err
+	}
+	if err := notify.CheckURL(Name, webhookURL); err != nil {
+		return false, err
+	}
+	base := n.Client
+	if base == nil {
+		base = http.DefaultClient
+	}
+	rec := &recorder{base: base.Transport, secrets: notify.URLSecrets(webhookURL)}
+	client := *base // a shallow copy shares the transport and its connections
+	client.Transport = rec
+	err = slackapi.PostWebhookCustomHTTPContext(ctx, webhookURL, &client, payload(m))
+	if err == nil {
+		return false, nil
+	}
+	retry, err = classify(err, rec)
+	return retry, notify.RedactError(err, notify.URLSecrets(webhookURL)...)
+}
+
+// classify maps slack-go's errors to retry-or-not.
+func classify(err error, rec *recorder) (bool, error) {
+	var limited *slackapi.RateLimitedError
+	var status slackapi.StatusCodeError
+	switch {
+	case errors.As(err, &limited):
+		return true, notify.WithRetryAfter(rec.httpError(http.StatusTooManyRequests), limited.RetryAfter)
+	case errors.As(err, &status):
+		herr := rec.httpError(status.Code)
+		if !notify.RetryableStatus(status.Code) {
+			return false, herr
+		}
+		d, _ := notify.ParseRetryAfter(rec.retryAfter, time.Now())
+		return true, notify.WithRetryAfter(herr, d)
+	case rec.status == http.StatusTooManyRequests:
+		// slack-go reads Retry-After as seconds only and fails on an
+		// HTTP-date; the recorder has the header.
+		d, _ := notify.ParseRetryAfter(rec.retryAfter, time.Now())
+		return true, notify.WithRetryAfter(rec.httpError(http.StatusTooManyRequests), d)
+	default:
+		// Connection refused, reset, timeout: slack-go wraps the client's
+		// *url.Error, whose text holds the URL.
+		return true, notify.TransportError(Name, err)
+	}
+}
+
+// recorder is the transport of one post. It keeps what slack-go does not
+// pass on: the status, a Retry-After slack-go cannot parse, and the start of
+// the body, where Slack says why it refused ("no_service", "invalid_blocks").
+type recorder struct {
+	base       http.RoundTripper
+	status     int
+	retryAfter string
+	body       bytes.Buffer
+	secrets    []string // redacted from the body
+}
+
+const maxRecordedBody = 1024
+
+func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
+	base := r.base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	// A RoundTripper must not change the request it is given: add the
+	// User-Agent, which slack-go does not set, to a copy.
+	req = req.Clone(req.Context())
+	req.Header.Set("User-Agent", notify.UserAgent)
+	resp, err := base.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	r.status, r.retryAfter = resp.StatusCode, resp.Header.Get("Retry-After")
+	r.body.Reset()
+	resp.Body = &teeBody{ReadCloser: resp.Body, into: &r.body}
+	return resp, nil
+}
+
+func (r *recorder) httpError(code int) *notify.HTTPError {
+	return &notify.HTTPError{Channel: Name, StatusCode: code, Reason: notify.ReadReason(&r.body, r.secrets...)}
+}
+
+// teeBody copies the first maxRecordedBody bytes read into a buffer.
+type teeBody struct {
+	io.ReadCloser
+	into *bytes.Buffer
+}
+
+func (t *teeBody) Read(p []byte) (int, error) {
+	n, err := t.ReadCloser.Read(p)
+	if room := maxRecordedBody - t.into.Len(); room > 0 {
+		t.into.Write(p[:min(n, room)])
+	}
+	return n, err
+}
+
+// payload renders m as an incoming-webhook message. The text (what
+// notifications and old clients show) holds the title and, for a
+// threshold, the count and period in words; the blocks hold the rest.
+func payload(m *notify.Message) *slackapi.WebhookMessage {
+	v := notify.Render(m)
+	var blocks []slackapi.Block
+	if m.Digest {
+		blocks = digestBlocks(v)
+	} else {
+		it := v.Items[0]
+		blocks = []slackapi.Block{
+			section("*" + escape(notify.Truncate(it.Title, maxTitle)) + "*\n" + escape(it.Summary)),
+			contextBlock(escape(strings.Join(it.Details, "\n"))),
+		}
+	}
+	noUnfurl := false
+	return &slackapi.WebhookMessage{
+		Text:        escape(v.Subject),
+		Blocks:      &slackapi.Blocks{BlockSet: blocks},
+		UnfurlLinks: &noUnfurl,
+		UnfurlMedia: &noUnfurl,
+	}
+}
+
+// digestBlocks lists one line per firing, packed into as few sections as
+// Slack's limits allow; what does not fit is counted, not dropped silently.
+func digestBlocks(v notify.View) []slackapi.Block {
+	blocks := []slackapi.Block{section("*" + escape(v.Header) + "*")}
+	const room = maxBlocks - 3 // header, "and N more", footer
+	var cur strings.Builder
+	shown := 0
+	for _, it := range v.Items {
+		line := fmt.Sprintf("• *%s* — %s, fired at %s",
+			escape(notify.Truncate(it.Title, maxDigestTitle)), escape(it.Summary), it.FiredAt)
+		if cur.Len() > 0 && cur.Len()+1+len(line) > maxBlockText {
+			if len(blocks) == room {
+				break
+			}
+			blocks = append(blocks, section(cur.String()))
+			cur.Reset()
+		}
+		if cur.Len() > 0 {
+			cur.WriteByte('\n')
+		}
+		cur.WriteString(line)
+		shown++
+	}
+	if cur.Len() > 0 {
+		blocks = append(blocks, section(cur.String()))
+	}
+	if more := len(v.Items) - shown; more > 0 {
+		blocks = append(blocks, contextBlock(fmt.Sprintf("… and %d more not shown here", more)))
+	}
+	return append(blocks, contextBlock(escape(v.Footer)))
+}
+
+func section(text string) slackapi.Block {
+	return slackapi.NewSectionBlock(mrkdwn(text), nil, nil)
+}
+
+func contextBlock(text string) slackapi.Block {
+	return slackapi.NewContextBlock("", mrkdwn(text))
+}
+
+// mrkdwn is a text object shown verbatim: no auto-linked URLs or channel
+// names taken from event titles.
+func mrkdwn(text string) *slackapi.TextBlockObject {
+	return slackapi.NewTextBlockObject(slackapi.MarkdownType, notify.Truncate(text, maxBlockText), false, true)
+}
+
+// escape replaces the three characters Slack treats as control characters
+// (&, <, >) with HTML entities, as Slack requires; nothing else is escaped.
+func escape(s string) string {
+	s = strings.ReplaceAll(s, "&", "&amp;")
+	s = strings.ReplaceAll(s, "<", "&lt;")
+	return strings.ReplaceAll(s, ">", "&gt;")
+}

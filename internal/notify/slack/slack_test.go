@@ -1,0 +1,240 @@
+package slack_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/notify/notifytest"
+	"github.com/klaxonhq/klaxon/internal/notify/slack"
+)
+
+const nastyTitle = "<b>&*_[x]"
+
+var firedAt = time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func threshold(id, title string) notify.Notification {
+	return notify.Notification{
+		ID: id, Type: notify.TypeThreshold,
+		ProjectID: "5e3eef0679fa3700a0198a49", RuleID: "64ab00000000000000000001",
+		Event: notify.Event{Title: title, GroupHash: "11dabb"},
+		Count: 150, Threshold: 100, Period: 60_000, FiredAt: firedAt,
+		Windows: []notify.WindowStatus{{Threshold: 100, Period: 60_000, Count: 150, ResetAt: firedAt.Add(time.Minute)}},
+	}
+}
+
+func single(n notify.Notification) *notify.Message {
+	return &notify.Message{ID: n.ID, ProjectID: n.ProjectID, RuleID: n.RuleID, Notifications: []notify.Notification{n}}
+}
+
+func digest(n int) *notify.Message {
+	m := &notify.Message{ID: "d-1", ProjectID: "5e3eef0679fa3700a0198a49", RuleID: "64ab00000000000000000001", Digest: true}
+	for i := range n {
+		m.Notifications = append(m.Notifications, threshold(fmt.Sprint("n-", i), fmt.Sprintf("Error number %d: %s", i, strings.Repeat("x", 100))))
+	}
+	return m
+}
+
+// blockTexts returns the text of every block and context element, in order.
+func blockTexts(r notifytest.SlackRequest) []string {
+	var texts []string
+	for _, b := range r.Blocks {
+		if text, ok := b["text"].(map[string]any); ok {
+			texts = append(texts, text["text"].(string))
+		}
+		if elems, ok := b["elements"].([]any); ok {
+			for _, e := range elems {
+				texts = append(texts, e.(map[string]any)["text"].(string))
+			}
+		}
+	}
+	return texts
+}
+
+func onlyRequest(t *testing.T, srv *notifytest.SlackServer) notifytest.SlackRequest {
+	t.Helper()
+	reqs := srv.Requests()
+	if len(reqs) != 1 {
+		t.Fatalf("Slack got %d requests, want 1", len(reqs))
+	}
+	return reqs[0]
+}
+
+func TestSingleMessage(t *testing.T) {
+	srv := notifytest.NewSlackServer(t)
+	if retry, err := slack.New(nil).Notify(context.Background(), srv.URL, single(threshold("n-1", "TypeError: x is undefined"))); err != nil {
+		t.Fatalf("Notify = %t, %v", retry, err)
+	}
+	r := onlyRequest(t, srv)
+	if r.Status != http.StatusOK || r.Header.Get("Content-Type") != "application/json" || r.Header.Get("User-Agent") != "Klaxon" {
+		t.Fatalf("Slack answered %d to Content-Type %q, User-Agent %q", r.Status, r.Header.Get("Content-Type"), r.Header.Get("User-Agent"))
+	}
+	for _, want := range []string{"TypeError: x is undefined", "150 events in the last 1 minute"} {
+		if !strings.Contains(r.Text, want) {
+			t.Errorf("text %q lacks %q", r.Text, want)
+		}
+	}
+	if len(r.Blocks) == 0 {
+		t.Fatal("no blocks")
+	}
+	first := r.Blocks[0]["text"].(map[string]any)
+	if r.Blocks[0]["type"] != "section" || first["type"] != "mrkdwn" || !strings.HasPrefix(first["text"].(string), "*TypeError: x is undefined*\n150 events in the last 1 minute (threshold 100)") {
+		t.Errorf("first block = %v", r.Blocks[0])
+	}
+	all := strings.Join(blockTexts(r), "\n")
+	for _, want := range []string{"1 minute window: 150 of 100 events (fired), resets at 2025-01-02T03:05:05Z", "Notification id n-1"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("blocks lack %q:\n%s", want, all)
+		}
+	}
+}
+
+func TestEscapesTitle(t *testing.T) {
+	srv := notifytest.NewSlackServer(t)
+	if _, err := slack.New(nil).Notify(context.Background(), srv.URL, single(threshold("n-1", nastyTitle))); err != nil {
+		t.Fatal(err)
+	}
+	r := onlyRequest(t, srv)
+	const escaped = "&lt;b&gt;&amp;*_[x]"
+	if !strings.Contains(r.Text, escaped) {
+		t.Errorf("text %q lacks the escaped title %q", r.Text, escaped)
+	}
+	texts := append(blockTexts(r), r.Text)
+	if !strings.Contains(texts[0], escaped) {
+		t.Errorf("first block %q lacks the escaped title", texts[0])
+	}
+	for _, s := range texts {
+		// After escaping, every & starts an entity and no < or > is left.
+		rest := strings.NewReplacer("&amp;", "", "&lt;", "", "&gt;", "").Replace(s)
+		if strings.ContainsAny(rest, "<>&") {
+			t.Errorf("unescaped control character in %q", s)
+		}
+	}
+}
+
+func TestDigest(t *testing.T) {
+	srv := notifytest.NewSlackServer(t)
+	if _, err := slack.New(nil).Notify(context.Background(), srv.URL, digest(3)); err != nil {
+		t.Fatal(err)
+	}
+	r := onlyRequest(t, srv)
+	texts := blockTexts(r)
+	if !strings.Contains(texts[0], "3 notifications for rule 64ab00000000000000000001") {
+		t.Errorf("first block %q is not the digest header", texts[0])
+	}
+	all := strings.Join(texts, "\n")
+	for i := range 3 {
+		if !strings.Contains(all, fmt.Sprintf("• *Error number %d: ", i)) {
+			t.Errorf("digest lacks firing %d:\n%s", i, all)
+		}
+	}
+	if !strings.Contains(r.Text, "3 notifications") || !strings.Contains(all, "Digest id d-1") {
+		t.Errorf("text %q / blocks lack the digest summary or id", r.Text)
+	}
+}
+
+func TestHugeDigestFitsSlackLimits(t *testing.T) {
+	srv := notifytest.NewSlackServer(t)
+	const n = 2000
+	if retry, err := slack.New(nil).Notify(context.Background(), srv.URL, digest(n)); err != nil {
+		t.Fatalf("Notify = %t, %v (the fake enforces Slack's block limits)", retry, err)
+	}
+	r := onlyRequest(t, srv)
+	all := strings.Join(blockTexts(r), "\n")
+	shown := strings.Count(all, "• *Error number")
+	var more int
+	if _, err := fmt.Sscanf(all[strings.Index(all, "… and "):], "… and %d more", &more); err != nil {
+		t.Fatalf("no \"… and N more\" line: %v", err)
+	}
+	if shown+more != n || shown < 100 {
+		t.Errorf("shown %d + more %d, want %d in all and a good share shown", shown, more, n)
+	}
+}
+
+func TestRetryClassification(t *testing.T) {
+	date := time.Now().Add(90 * time.Second).UTC().Format(http.TimeFormat)
+	for _, tc := range []struct {
+		name       string
+		failure    notifytest.Failure
+		retry      bool
+		retryAfter time.Duration
+		reason     string
+	}{
+		{"500", notifytest.Failure{Status: 500}, true, 0, ""},
+		{"503 with Retry-After", notifytest.Failure{Status: 503, RetryAfter: 4 * time.Second}, true, 4 * time.Second, ""},
+		{"429 with Retry-After", notifytest.Failure{Status: 429, RetryAfter: 5 * time.Second}, true, 5 * time.Second, ""},
+		{"429 with a Retry-After date", notifytest.Failure{Status: 429, Header: http.Header{"Retry-After": {date}}}, true, 90 * time.Second, ""},
+		{"400", notifytest.Failure{Status: 400, Body: "invalid_payload"}, false, 0, "invalid_payload"},
+		{"403", notifytest.Failure{Status: 403, Body: "action_prohibited"}, false, 0, "action_prohibited"},
+		{"404", notifytest.Failure{Status: 404, Body: "no_service"}, false, 0, "no_service"},
+		{"410", notifytest.Failure{Status: 410, Body: "channel_is_archived"}, false, 0, "channel_is_archived"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := notifytest.NewSlackServer(t)
+			srv.Fail(tc.failure)
+			retry, err := slack.New(nil).Notify(context.Background(), srv.URL, single(threshold("n-1", "A")))
+			if err == nil || retry != tc.retry {
+				t.Fatalf("Notify = %t, %v; want retry %t and an error", retry, err, tc.retry)
+			}
+			var ra notify.RetryAfter
+			switch has := errors.As(err, &ra); {
+			case has != (tc.retryAfter > 0):
+				t.Errorf("error %v: RetryAfter present %t, want %t", err, has, tc.retryAfter > 0)
+			case has && (ra.RetryAfter() > tc.retryAfter || ra.RetryAfter() < tc.retryAfter-5*time.Second):
+				t.Errorf("RetryAfter = %s, want %s", ra.RetryAfter(), tc.retryAfter)
+			}
+			var herr *notify.HTTPError
+			if !errors.As(err, &herr) || herr.StatusCode != tc.failure.Status || !strings.Contains(err.Error(), tc.reason) {
+				t.Errorf("error %v: want an HTTPError %d with reason %q", err, tc.failure.Status, tc.reason)
+			}
+			if strings.Contains(err.Error(), srv.Token) {
+				t.Errorf("error %q contains the webhook token", err)
+			}
+		})
+	}
+}
+
+func TestWrongURLIsPermanent(t *testing.T) {
+	srv := notifytest.NewSlackServer(t)
+	wrong := strings.TrimSuffix(srv.URL, srv.Token) + "revoked-s3cr3t"
+	retry, err := slack.New(nil).Notify(context.Background(), wrong, single(threshold("n-1", "A")))
+	if err == nil || retry || !strings.Contains(err.Error(), "no_service") || strings.Contains(err.Error(), "revoked-s3cr3t") {
+		t.Errorf("Notify = %t, %v; want a permanent no_service error without the URL", retry, err)
+	}
+}
+
+func TestConnectionRefused(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + ln.Addr().String() + "/services/T0/B0/s3cr3t"
+	ln.Close()
+	retry, err := slack.New(nil).Notify(context.Background(), url, single(threshold("n-1", "A")))
+	if err == nil || !retry || strings.Contains(err.Error(), "s3cr3t") {
+		t.Errorf("Notify = %t, %v; want a retryable error without the URL", retry, err)
+	}
+}
+
+func TestTimeoutIsRetried(t *testing.T) {
+	srv := notifytest.NewSlackServer(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	retry, err := slack.New(nil).Notify(ctx, srv.URL, single(threshold("n-1", "A")))
+	if err == nil || !retry || !errors.Is(err, context.Canceled) || strings.Contains(err.Error(), srv.Token) {
+		t.Errorf("Notify = %t, %v; want a retryable context error without the URL", retry, err)
+	}
+}
+
+func TestBadURLIsPermanent(t *testing.T) {
+	retry, err := slack.New(nil).Notify(context.Background(), "hooks.slack.com/services/s3cr3t", single(threshold("n-1", "A")))
+	if err == nil || retry || strings.Contains(err.Error(), "s3cr3t") {
+		t.Errorf("Notify = %t, %v; want a permanent error without the URL", retry, err)
+	}
+}

@@ -1,0 +1,231 @@
+// Package telegram delivers notifications with the Telegram Bot API's
+// sendMessage, through github.com/go-telegram-bot-api/telegram-bot-api/v5,
+// as HTML-formatted text.
+package telegram
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf16"
+
+	tgbotapi "github.com/go-telegram-bot-api/telegram-bot-api/v5"
+
+	"github.com/klaxonhq/klaxon/internal/notify"
+)
+
+// Name is the channel's name in rules and errors.
+const Name = "telegram"
+
+// DefaultAPIURL is the Bot API's base URL.
+const DefaultAPIURL = "https://api.telegram.org"
+
+// Telegram refuses a text over 4096 characters (UTF-16 code units, after
+// entity parsing) with 400, which would lose the message for good.
+const (
+	maxText  = 4096
+	maxTitle = 500
+)
+
+// Config is what the channel needs from the operator.
+type Config struct {
+	// Token is the bot's token from @BotFather. It is a secret: it is never
+	// logged and never appears in an error.
+	Token string
+	// APIURL is the Bot API's base URL; empty means DefaultAPIURL. Method
+	// URLs are {APIURL}/bot{Token}/{method}.
+	APIURL string
+	// Client makes the requests; nil means http.DefaultClient. Deadlines
+	// come from the context of each call.
+	Client *http.Client
+}
+
+// Notifier sends messages to Telegram chats.
+type Notifier struct {
+	token    string
+	endpoint string // tgbotapi's format: {api}/bot%s/%s
+	client   *http.Client
+}
+
+var _ notify.Channel = (*Notifier)(nil)
+
+// New checks cfg and returns a Notifier. It makes no request: tgbotapi's
+// constructors call getMe, which would make start-up depend on Telegram, so
+// each send builds its own tgbotapi.BotAPI instead.
+func New(cfg Config) (*Notifier, error) {
+	if cfg.Token == "" || strings.ContainsAny(cfg.Token, "/?#% \t\r\n") {
+		return nil, errors.New("telegram: token is empty or malformed")
+	}
+	api := strings.TrimRight(cfg.APIURL, "/")
+	if api == "" {
+		api = DefaultAPIURL
+	}
+	if err := notify.CheckURL(Name, api); err != nil {
+		return nil, fmt.Errorf("telegram: API URL: %w", err)
+	}
+	client := cfg.Client
+	if client == nil {
+		client = http.DefaultClient
+	}
+	return &Notifier{
+		token: cfg.Token,
+		// A % in the base URL would read as a verb of tgbotapi's format.
+		endpoint: strings.ReplaceAll(api, "%", "%%") + "/bot%s/%s",
+		client:   client,
+	}, nil
+}
+
+// Notify sends m to the chat chatID (a numeric id or "@channelusername")
+// with sendMessage in HTML parse mode. 429 (honouring retry_after), 5xx and
+// network errors are worth retrying; other errors (400 chat not found, 403
+// bot blocked) are not.
+func (n *Notifier) Notify(ctx context.Context, chatID string, m *notify.Message) (retry bool, err error) {
+	if err := notify.CheckMessage(m); err != nil {
+		return false, err
+	}
+	chatID = strings.TrimSpace(chatID)
+	if chatID == "" {
+		return false, errors.New("telegram: empty chat id")
+	}
+	msg := tgbotapi.MessageConfig{
+		BaseChat:              tgbotapi.BaseChat{ChannelUsername: chatID},
+		Text:                  Text(m),
+		ParseMode:             tgbotapi.ModeHTML,
+		DisableWebPagePreview: true,
+	}
+	if id, err := strconv.ParseInt(chatID, 10, 64); err == nil && id != 0 {
+		msg.BaseChat = tgbotapi.BaseChat{ChatID: id}
+	}
+	doer := &contextDoer{ctx: ctx, client: n.client}
+	// A BotAPI is a token, an endpoint and a client; building one per send
+	// costs nothing and binds the request to ctx, which tgbotapi v5 does not
+	// take.
+	bot := &tgbotapi.BotAPI{Token: n.token, Client: doer}
+	bot.SetAPIEndpoint(n.endpoint)
+	// Request, not Send: Send also decodes the sent message, and a decoding
+	// hiccup after Telegram accepted it must not cause a duplicate.
+	_, err = bot.Request(msg)
+	if err == nil {
+		return false, nil
+	}
+	retry, err = classify(err, doer.status)
+	return retry, notify.RedactError(err, n.token)
+}
+
+// classify maps a tgbotapi error to retry-or-not. status is the HTTP status
+// of the response, 0 if there was none.
+func classify(err error, status int) (bool, error) {
+	var apiErr *tgbotapi.Error
+	var urlErr *url.Error
+	switch {
+	case errors.As(err, &apiErr):
+		e := &APIError{Code: apiErr.Code, Description: apiErr.Message,
+			RetryAfterSeconds: apiErr.RetryAfter, MigrateToChatID: apiErr.MigrateToChatID}
+		if !notify.RetryableStatus(apiErr.Code) {
+			return false, e
+		}
+		return true, notify.WithRetryAfter(e, time.Duration(apiErr.RetryAfter)*time.Second)
+	case errors.As(err, &urlErr):
+		return true, notify.TransportError(Name, err)
+	case status != 0:
+		// The body was not the Bot API's JSON: a proxy's error page.
+		herr := &notify.HTTPError{Channel: Name, StatusCode: status, Reason: "response is not Bot API JSON"}
+		if status/100 == 2 {
+			// Telegram may well have sent it; a retry risks a repeat with
+			// the same id, which beats losing the message.
+			return true, fmt.Errorf("telegram: decode response: %w", err)
+		}
+		return notify.RetryableStatus(status), herr
+	default:
+		return true, fmt.Errorf("telegram: %w", err)
+	}
+}
+
+// APIError is an error answer of the Bot API.
+type APIError struct {
+	Code        int    // error_code, the HTTP status
+	Description string // "Bad Request: chat not found"
+	// RetryAfterSeconds is parameters.retry_after of a 429.
+	RetryAfterSeconds int
+	// MigrateToChatID is set when a group became a supergroup: the rule's
+	// endpoint must change to it.
+	MigrateToChatID int64
+}
+
+func (e *APIError) Error() string {
+	s := fmt.Sprintf("telegram: error %d: %s", e.Code, e.Description)
+	if e.MigrateToChatID != 0 {
+		s += fmt.Sprintf(" (the chat is now %d: change the endpoint)", e.MigrateToChatID)
+	}
+	return s
+}
+
+// contextDoer binds tgbotapi's requests to a context and remembers the last
+// response's status, which tgbotapi ignores.
+type contextDoer struct {
+	ctx    context.Context
+	client *http.Client
+	status int
+}
+
+func (d *contextDoer) Do(req *http.Request) (*http.Response, error) {
+	req = req.WithContext(d.ctx)
+	req.Header.Set("User-Agent", notify.UserAgent)
+	resp, err := d.client.Do(req)
+	if err == nil {
+		d.status = resp.StatusCode
+	}
+	return resp, err
+}
+
+// Text renders m in Telegram's HTML parse mode: the title in bold, then the
+// summary and details; for a digest the header and one line per firing,
+// as many as fit in one message, then how many more there were.
+func Text(m *notify.Message) string {
+	v := notify.Render(m)
+	if !m.Digest {
+		it := v.Items[0]
+		lines := []string{"<b>" + escape(notify.Truncate(it.Title, maxTitle)) + "</b>", escape(it.Summary), ""}
+		for _, d := range it.Details {
+			lines = append(lines, escape(d))
+		}
+		return strings.Join(lines, "\n")
+	}
+	var b strings.Builder
+	b.WriteString("<b>" + escape(v.Header) + "</b>\n")
+	footer := "\n" + escape(v.Footer)
+	// Room for the footer and an "… and N more" line.
+	room := maxText - utf16Len(footer) - 64
+	used := utf16Len(b.String())
+	shown := 0
+	for _, it := range v.Items {
+		line := fmt.Sprintf("\n• <b>%s</b> — %s, fired at %s",
+			escape(notify.Truncate(it.Title, 200)), escape(it.Summary), it.FiredAt)
+		if used+utf16Len(line) > room {
+			break
+		}
+		b.WriteString(line)
+		used += utf16Len(line)
+		shown++
+	}
+	if more := len(v.Items) - shown; more > 0 {
+		fmt.Fprintf(&b, "\n… and %d more not shown here", more)
+	}
+	b.WriteString("\n" + footer)
+	return b.String()
+}
+
+// escape makes s literal text in Telegram's HTML parse mode: <, > and &
+// are the characters it reserves.
+func escape(s string) string {
+	s = strings.ReplaceAll(s, "&", "&amp;")
+	s = strings.ReplaceAll(s, "<", "&lt;")
+	return strings.ReplaceAll(s, ">", "&gt;")
+}
+
+func utf16Len(s string) int { return len(utf16.Encode([]rune(s))) }

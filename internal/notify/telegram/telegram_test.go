@@ -1,0 +1,241 @@
+package telegram_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/notify/notifytest"
+	"github.com/klaxonhq/klaxon/internal/notify/telegram"
+)
+
+const (
+	token      = "123456789:AAF-s3cr3t-t0ken_xyz"
+	nastyTitle = "<b>&*_[x]"
+)
+
+var firedAt = time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func threshold(id, title string) notify.Notification {
+	return notify.Notification{
+		ID: id, Type: notify.TypeThreshold,
+		ProjectID: "5e3eef0679fa3700a0198a49", RuleID: "64ab00000000000000000001",
+		Event: notify.Event{Title: title, GroupHash: "11dabb"},
+		Count: 150, Threshold: 100, Period: 60_000, FiredAt: firedAt,
+		Windows: []notify.WindowStatus{{Threshold: 100, Period: 60_000, Count: 150, ResetAt: firedAt.Add(time.Minute)}},
+	}
+}
+
+func single(n notify.Notification) *notify.Message {
+	return &notify.Message{ID: n.ID, ProjectID: n.ProjectID, RuleID: n.RuleID, Notifications: []notify.Notification{n}}
+}
+
+func newNotifier(t *testing.T, apiURL string) *telegram.Notifier {
+	t.Helper()
+	n, err := telegram.New(telegram.Config{Token: token, APIURL: apiURL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func onlyRequest(t *testing.T, srv *notifytest.TelegramServer) notifytest.TelegramRequest {
+	t.Helper()
+	reqs := srv.Requests()
+	if len(reqs) != 1 {
+		t.Fatalf("Telegram got %d requests, want 1", len(reqs))
+	}
+	return reqs[0]
+}
+
+func TestNewMakesNoRequest(t *testing.T) {
+	srv := notifytest.NewTelegramServer(t, token)
+	newNotifier(t, srv.URL)
+	if reqs := srv.Requests(); len(reqs) != 0 {
+		t.Errorf("New made %d requests (e.g. getMe), want none", len(reqs))
+	}
+	// Nor does it need the API to be up.
+	if _, err := telegram.New(telegram.Config{Token: token, APIURL: "http://" + closedAddr(t)}); err != nil {
+		t.Errorf("New with the API down: %v", err)
+	}
+}
+
+func TestNewChecksConfig(t *testing.T) {
+	for _, cfg := range []telegram.Config{
+		{Token: ""},
+		{Token: "12/34"},
+		{Token: token, APIURL: "api.telegram.org"},
+	} {
+		if _, err := telegram.New(cfg); err == nil {
+			t.Errorf("New(%+v) = nil error", cfg)
+		} else if cfg.Token != "" && strings.Contains(err.Error(), cfg.Token) {
+			t.Errorf("error %q contains the token", err)
+		}
+	}
+}
+
+func TestSendMessage(t *testing.T) {
+	srv := notifytest.NewTelegramServer(t, token)
+	if retry, err := newNotifier(t, srv.URL).Notify(context.Background(), "-1001234567890", single(threshold("n-1", "TypeError: x is undefined"))); err != nil {
+		t.Fatalf("Notify = %t, %v", retry, err)
+	}
+	r := onlyRequest(t, srv)
+	if r.Method != "sendMessage" || r.Status != http.StatusOK || r.ChatID != "-1001234567890" || r.ParseMode != "HTML" {
+		t.Fatalf("request %+v", r)
+	}
+	if !strings.HasPrefix(r.Text, "<b>TypeError: x is undefined</b>\n") {
+		t.Errorf("text %q does not start with the bold title", r.Text)
+	}
+	for _, want := range []string{"150 events in the last 1 minute (threshold 100)", "1 minute window: 150 of 100 events (fired)", "Notification id n-1"} {
+		if !strings.Contains(r.Visible, want) {
+			t.Errorf("text lacks %q:\n%s", want, r.Visible)
+		}
+	}
+}
+
+func TestChannelUsername(t *testing.T) {
+	srv := notifytest.NewTelegramServer(t, token)
+	if _, err := newNotifier(t, srv.URL).Notify(context.Background(), "@klaxon_alerts", single(threshold("n-1", "A"))); err != nil {
+		t.Fatal(err)
+	}
+	if r := onlyRequest(t, srv); r.ChatID != "@klaxon_alerts" {
+		t.Errorf("chat_id = %q", r.ChatID)
+	}
+}
+
+func TestEscapesTitle(t *testing.T) {
+	srv := notifytest.NewTelegramServer(t, token)
+	// The fake refuses text that is not valid Telegram HTML, as Telegram does.
+	if retry, err := newNotifier(t, srv.URL).Notify(context.Background(), "42", single(threshold("n-1", nastyTitle))); err != nil {
+		t.Fatalf("Notify = %t, %v", retry, err)
+	}
+	r := onlyRequest(t, srv)
+	if !strings.Contains(r.Text, "<b>&lt;b&gt;&amp;*_[x]</b>") {
+		t.Errorf("text %q lacks the escaped title", r.Text)
+	}
+	if !strings.HasPrefix(r.Visible, nastyTitle+"\n") {
+		t.Errorf("reader sees %q, want the title verbatim first", r.Visible)
+	}
+}
+
+func TestDigest(t *testing.T) {
+	for _, n := range []int{3, 1000} {
+		srv := notifytest.NewTelegramServer(t, token)
+		m := &notify.Message{ID: "d-1", ProjectID: "p", RuleID: "r", Digest: true}
+		for i := range n {
+			m.Notifications = append(m.Notifications, threshold(fmt.Sprint("n-", i), fmt.Sprintf("Error <%d> & more", i)))
+		}
+		if retry, err := newNotifier(t, srv.URL).Notify(context.Background(), "42", m); err != nil {
+			t.Fatalf("%d: Notify = %t, %v (the fake enforces the 4096-character limit)", n, retry, err)
+		}
+		v := onlyRequest(t, srv).Visible
+		if !strings.HasPrefix(v, fmt.Sprintf("%d notifications for rule r in project p\n", n)) || !strings.HasSuffix(v, "Digest id d-1") {
+			t.Errorf("%d: digest reads\n%s", n, v)
+		}
+		shown := strings.Count(v, "\n• Error <")
+		more := 0
+		if i := strings.Index(v, "… and "); i >= 0 {
+			fmt.Sscanf(v[i:], "… and %d more", &more)
+		}
+		if shown+more != n || shown == 0 {
+			t.Errorf("%d: shown %d + more %d", n, shown, more)
+		}
+	}
+}
+
+func TestRetryClassification(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		failure    notifytest.Failure
+		retry      bool
+		retryAfter time.Duration
+	}{
+		{"429 retry_after", notifytest.Failure{Status: 429, RetryAfter: 7 * time.Second}, true, 7 * time.Second},
+		{"500", notifytest.Failure{Status: 500, Body: "Internal Server Error"}, true, 0},
+		{"502 from a proxy", notifytest.Failure{Status: 502, Body: "<html>Bad Gateway</html>", Raw: true}, true, 0},
+		{"400 chat not found", notifytest.Failure{Status: 400, Body: "Bad Request: chat not found"}, false, 0},
+		{"403 blocked", notifytest.Failure{Status: 403, Body: "Forbidden: bot was blocked by the user"}, false, 0},
+		{"404 from a proxy", notifytest.Failure{Status: 404, Body: "not here", Raw: true}, false, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := notifytest.NewTelegramServer(t, token)
+			srv.Fail(tc.failure)
+			retry, err := newNotifier(t, srv.URL).Notify(context.Background(), "42", single(threshold("n-1", "A")))
+			if err == nil || retry != tc.retry {
+				t.Fatalf("Notify = %t, %v; want retry %t and an error", retry, err, tc.retry)
+			}
+			var ra notify.RetryAfter
+			if has := errors.As(err, &ra); has != (tc.retryAfter > 0) || has && ra.RetryAfter() != tc.retryAfter {
+				t.Errorf("error %v: want RetryAfter %s", err, tc.retryAfter)
+			}
+			if !tc.failure.Raw && !strings.Contains(err.Error(), tc.failure.Body) {
+				t.Errorf("error %q lacks Telegram's description", err)
+			}
+			if strings.Contains(err.Error(), token) {
+				t.Errorf("error %q contains the token", err)
+			}
+		})
+	}
+}
+
+func TestWrongTokenIsPermanent(t *testing.T) {
+	srv := notifytest.NewTelegramServer(t, "987:other")
+	retry, err := newNotifier(t, srv.URL).Notify(context.Background(), "42", single(threshold("n-1", "A")))
+	var apiErr *telegram.APIError
+	if err == nil || retry || !errors.As(err, &apiErr) || apiErr.Code != 401 || strings.Contains(err.Error(), token) {
+		t.Errorf("Notify = %t, %v; want a permanent 401 without the token", retry, err)
+	}
+}
+
+func TestConnectionRefused(t *testing.T) {
+	retry, err := newNotifier(t, "http://"+closedAddr(t)).Notify(context.Background(), "42", single(threshold("n-1", "A")))
+	if err == nil || !retry {
+		t.Fatalf("Notify = %t, %v; want a retryable error", retry, err)
+	}
+	if strings.Contains(err.Error(), token) || strings.Contains(err.Error(), "s3cr3t") {
+		t.Errorf("error %q contains the token", err)
+	}
+}
+
+func TestTimeout(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { <-release }))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) }) // runs before srv.Close
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	retry, err := newNotifier(t, srv.URL).Notify(ctx, "42", single(threshold("n-1", "A")))
+	if !retry || !errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), token) {
+		t.Errorf("Notify = %t, %v; want a retryable deadline error without the token", retry, err)
+	}
+}
+
+func TestMigratedChatSaysWhere(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusBadRequest)
+		fmt.Fprint(w, `{"ok":false,"error_code":400,"description":"Bad Request: group chat was upgraded to a supergroup chat","parameters":{"migrate_to_chat_id":-1009876}}`)
+	}))
+	t.Cleanup(srv.Close)
+	retry, err := newNotifier(t, srv.URL).Notify(context.Background(), "-42", single(threshold("n-1", "A")))
+	if err == nil || retry || !strings.Contains(err.Error(), "-1009876") {
+		t.Errorf("Notify = %t, %v; want a permanent error naming the new chat id", retry, err)
+	}
+}
+
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}

@@ -1,0 +1,65 @@
+// Package webhook delivers notifications as JSON POSTs to a user's URL, in
+// the format of CONTRACT §5 that users code against.
+package webhook
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/klaxonhq/klaxon/internal/notify"
+)
+
+// Name is the channel's name in rules and errors.
+const Name = "webhook"
+
+// Notifier posts messages to webhook endpoints. The zero value uses
+// http.DefaultClient; deadlines come from the context of each call.
+type Notifier struct {
+	Client *http.Client
+}
+
+var _ notify.Channel = (*Notifier)(nil)
+
+// New returns a Notifier using client (nil: http.DefaultClient).
+func New(client *http.Client) *Notifier { return &Notifier{Client: client} }
+
+// Notify POSTs the message to url with Content-Type application/json and
+// Idempotency-Key set to the message id, so a receiver can drop the repeat
+// of a message Klaxon could not know was delivered.
+func (n *Notifier) Notify(ctx context.Context, url string, m *notify.Message) (retry bool, err error) {
+	if err := notify.CheckMessage(m); err != nil {
+		return false, err
+	}
+	header := http.Header{"Idempotency-Key": {m.ID}}
+	return notify.PostJSON(ctx, n.Client, Name, url, header, Body(m))
+}
+
+// Body is the JSON body for m: the notification itself, or a notify.Digest.
+// Lists are never null and times are UTC, so receivers need no special cases.
+func Body(m *notify.Message) any {
+	if !m.Digest {
+		return normalize(m.Notifications[0])
+	}
+	d := notify.Digest{
+		Type:          notify.TypeDigest,
+		ID:            m.ID,
+		ProjectID:     m.ProjectID,
+		RuleID:        m.RuleID,
+		Notifications: make([]notify.Notification, len(m.Notifications)),
+	}
+	for i, n := range m.Notifications {
+		d.Notifications[i] = normalize(n)
+	}
+	return d
+}
+
+func normalize(n notify.Notification) notify.Notification {
+	n.FiredAt = n.FiredAt.UTC()
+	windows := make([]notify.WindowStatus, len(n.Windows))
+	for i, w := range n.Windows {
+		w.ResetAt = w.ResetAt.UTC()
+		windows[i] = w
+	}
+	n.Windows = windows
+	return n
+}
