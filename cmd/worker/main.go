@@ -1,0 +1,325 @@
+// Command klaxon is the Klaxon worker: it consumes Hawk's error events from
+// RabbitMQ, counts them against each project's notification rules in Redis,
+// and notifies by email, Telegram, Slack or webhook when a rule fires.
+//
+// The data path, in the order main wires it:
+//
+//	queue.Consumer (KLAXON_QUEUE)
+//	  → evaluator: event.Decode → store.Cache rules → rules.Match → counter.Observe
+//	  → queue.Publisher: dead letters (<queue>.dead) and delivery jobs (<prefix>.deliveries)
+//	queue.Consumer (<prefix>.deliveries)
+//	  → deliverer: claim → minPeriod digest → notify channel → record, or retry later
+//
+// Every setting is an environment variable; see docs/configuration.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/klaxonhq/klaxon/internal/config"
+	"github.com/klaxonhq/klaxon/internal/counter"
+	"github.com/klaxonhq/klaxon/internal/deliverer"
+	"github.com/klaxonhq/klaxon/internal/evaluator"
+	"github.com/klaxonhq/klaxon/internal/metrics"
+	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/notify/email"
+	"github.com/klaxonhq/klaxon/internal/notify/slack"
+	"github.com/klaxonhq/klaxon/internal/notify/telegram"
+	"github.com/klaxonhq/klaxon/internal/notify/webhook"
+	"github.com/klaxonhq/klaxon/internal/queue"
+	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/store"
+)
+
+func main() {
+	cfg, err := config.Load(os.Getenv)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "klaxon:", err)
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cfg, log); err != nil {
+		log.Error("klaxon stopped", "error", err)
+		os.Exit(1)
+	}
+	log.Info("klaxon stopped")
+}
+
+// run wires the worker from cfg and runs it until ctx is cancelled.
+func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+	log.Info("klaxon starting", "config", cfg)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := metrics.New(reg)
+
+	redisOpts, err := cfg.RedisOptions()
+	if err != nil {
+		return err
+	}
+	rdb := redis.NewUniversalClient(redisOpts)
+	defer rdb.Close()
+
+	pub, err := queue.NewPublisher(queue.PublisherConfig{URL: cfg.AMQPURL, ConnectionName: "klaxon-publisher", Logger: log})
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+
+	cache, closeRules, err := ruleCache(cfg, log, m)
+	if err != nil {
+		return err
+	}
+	defer closeRules()
+	if err := cache.Refresh(ctx); err != nil {
+		// Not fatal: the store may come up later; until then /readyz says no.
+		log.Warn("rules not loaded yet", "error", err)
+	}
+
+	var consumers []*queue.Consumer
+	var tasks []func(context.Context) error
+	tasks = append(tasks, cache.Run)
+
+	if cfg.Role.Evaluates() {
+		if err := pub.Declare(ctx, cfg.DeadQueue(), nil); err != nil {
+			return fmt.Errorf("declare %s: %w", cfg.DeadQueue(), err)
+		}
+		eval := &evaluator.Evaluator{
+			Rules:         cache,
+			Counter:       counter.New(rdb, counter.Options{Prefix: cfg.Prefix, DedupTTL: cfg.DedupTTL}),
+			Publisher:     pub,
+			DeadQueue:     cfg.DeadQueue(),
+			DeliveryQueue: deliveryQueue(cfg),
+			Log:           log.With("stage", "evaluator"),
+			Metrics:       m,
+		}
+		c, err := queue.NewConsumer(queue.ConsumerConfig{
+			URL: cfg.AMQPURL, Queue: cfg.Queue, ConnectionName: "klaxon-evaluator",
+			Prefetch: cfg.Prefetch, MaxBatch: cfg.BatchSize, Logger: log.With("stage", "evaluator"),
+			Hooks: batchHooks(m, "evaluator"),
+		})
+		if err != nil {
+			return err
+		}
+		consumers = append(consumers, c)
+		tasks = append(tasks, func(ctx context.Context) error { return c.Consume(ctx, eval.Handle) })
+	}
+
+	// The delivery queues exist whatever the role: evaluators publish to them.
+	channels, err := buildChannels(cfg)
+	if err != nil {
+		return err
+	}
+	dlv := deliverer.New(deliverer.Config{Prefix: cfg.Prefix, Queue: deliveryQueue(cfg), SendTimeout: cfg.SendTimeout},
+		channels, rdb, pub, log.With("stage", "deliverer"), m)
+	if err := dlv.Declare(ctx, pub); err != nil {
+		return err
+	}
+	if cfg.Role.Delivers() {
+		c, err := queue.NewConsumer(queue.ConsumerConfig{
+			URL: cfg.AMQPURL, Queue: dlv.Queue(), ConnectionName: "klaxon-deliverer",
+			Prefetch: 64, MaxBatch: 64, Logger: log.With("stage", "deliverer"),
+			Hooks: batchHooks(m, "deliverer"),
+		})
+		if err != nil {
+			return err
+		}
+		consumers = append(consumers, c)
+		tasks = append(tasks, func(ctx context.Context) error { return c.Consume(ctx, dlv.Handle) })
+	}
+
+	checks := map[string]func(context.Context) error{
+		"redis": func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
+		"rules": func(context.Context) error {
+			if !cache.Ready() {
+				return errors.New("no rules loaded yet")
+			}
+			return nil
+		},
+		"amqp": func(context.Context) error {
+			for _, c := range consumers {
+				if !c.Connected() {
+					return errors.New("not consuming")
+				}
+			}
+			return nil
+		},
+	}
+	srv := &http.Server{Addr: cfg.HTTPAddr, Handler: mux(reg, checks, m), ReadHeaderTimeout: 5 * time.Second}
+	tasks = append(tasks, func(ctx context.Context) error { return serve(ctx, srv, log) })
+
+	log.Info("klaxon running", "role", cfg.Role, "queue", cfg.Queue, "http", cfg.HTTPAddr, "channels", channelNames(channels))
+	return runAll(ctx, tasks)
+}
+
+func deliveryQueue(cfg config.Config) string { return cfg.Prefix + ".deliveries" }
+
+// ruleCache builds the rule source of cfg and a cache in front of it.
+func ruleCache(cfg config.Config, log *slog.Logger, m *metrics.Metrics) (*store.Cache, func(), error) {
+	var src store.Source
+	closeSrc := func() {}
+	if cfg.RulesFile != "" {
+		src = store.NewFileSource(cfg.RulesFile)
+	} else {
+		mongo, err := store.NewMongoSource(cfg.MongoURL)
+		if err != nil {
+			return nil, nil, err
+		}
+		src = mongo
+		closeSrc = func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			mongo.Close(ctx)
+		}
+	}
+	warned := 0
+	cache := store.NewCache(src, store.CacheOptions{
+		Interval: cfg.RulesRefresh,
+		Logger:   log.With("stage", "rules"),
+		OnLoad: func(r store.LoadResult) {
+			if r.Err != nil {
+				m.RuleLoads.WithLabelValues("error").Inc()
+				m.Up.WithLabelValues("rules").Set(0)
+				return
+			}
+			m.RuleLoads.WithLabelValues("ok").Inc()
+			m.Up.WithLabelValues("rules").Set(1)
+			if n := len(r.Served.Problems()); n != warned {
+				m.RuleWarnings.Add(float64(max(n-warned, 0)))
+				warned = n
+			}
+		},
+	})
+	return cache, closeSrc, nil
+}
+
+// buildChannels makes the channels cfg configures. Webhook and Slack need
+// no settings; email and Telegram are there only when configured, and a
+// rule using them elsewhere fails its deliveries with a clear reason.
+func buildChannels(cfg config.Config) (map[string]notify.Channel, error) {
+	client := &http.Client{Timeout: cfg.SendTimeout}
+	channels := map[string]notify.Channel{
+		rules.Webhook: webhook.New(client),
+		rules.Slack:   slack.New(client),
+	}
+	if cfg.EmailEnabled() {
+		e, err := email.New(email.Config{
+			Addr: cfg.SMTPAddr, Username: cfg.SMTPUsername, Password: cfg.SMTPPassword,
+			From: cfg.SMTPFrom, TLS: email.TLSMode(cfg.SMTPTLS), Timeout: cfg.SendTimeout,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("email channel: %w", err)
+		}
+		channels[rules.Email] = e
+	}
+	if cfg.TelegramEnabled() {
+		t, err := telegram.New(telegram.Config{Token: cfg.TelegramToken, APIURL: cfg.TelegramAPI, Client: client})
+		if err != nil {
+			return nil, fmt.Errorf("telegram channel: %w", err)
+		}
+		channels[rules.Telegram] = t
+	}
+	return channels, nil
+}
+
+func channelNames(channels map[string]notify.Channel) []string {
+	var names []string
+	for _, n := range rules.ChannelNames {
+		if channels[n] != nil {
+			names = append(names, n)
+		}
+	}
+	return names
+}
+
+func batchHooks(m *metrics.Metrics, stage string) queue.Hooks {
+	return queue.Hooks{
+		Batch: func(r queue.BatchResult) {
+			outcome := "ok"
+			if r.Err != nil {
+				outcome = "error"
+			}
+			m.Batches.WithLabelValues(stage, outcome).Inc()
+		},
+	}
+}
+
+// mux serves /metrics, /healthz (the process is alive) and /readyz (every
+// dependency answers: broker, Redis, rules).
+func mux(reg *prometheus.Registry, checks map[string]func(context.Context) error, m *metrics.Metrics) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+		defer cancel()
+		status, body := http.StatusOK, ""
+		for _, name := range []string{"amqp", "redis", "rules"} {
+			if err := checks[name](ctx); err != nil {
+				status = http.StatusServiceUnavailable
+				body += fmt.Sprintf("%s: %v\n", name, err)
+				m.Up.WithLabelValues(name).Set(0)
+			} else {
+				body += name + ": ok\n"
+				m.Up.WithLabelValues(name).Set(1)
+			}
+		}
+		w.WriteHeader(status)
+		fmt.Fprint(w, body)
+	})
+	return mux
+}
+
+func serve(ctx context.Context, srv *http.Server, log *slog.Logger) error {
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ListenAndServe() }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("http on %s: %w", srv.Addr, err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("http shutdown", "error", err)
+	}
+	return nil
+}
+
+// runAll runs every task until ctx is cancelled or one fails, then cancels
+// the others and waits for them.
+func runAll(ctx context.Context, tasks []func(context.Context) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make([]error, len(tasks))
+	for i, task := range tasks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := task(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				errs[i] = err
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}

@@ -1,0 +1,471 @@
+package deliverer
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/big"
+	mrand "math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/klaxonhq/klaxon/internal/metrics"
+	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/queue"
+)
+
+//go:embed throttle.lua
+var throttleLua string
+
+//go:embed flush.lua
+var flushLua string
+
+// ErrorHeader says why a notification landed in the failed queue.
+const ErrorHeader = "x-klaxon-error"
+
+// Publisher publishes messages and returns once the broker confirmed them.
+type Publisher interface {
+	Publish(ctx context.Context, msgs ...queue.Message) error
+}
+
+// Declarer declares the queues the deliverer needs.
+type Declarer interface {
+	Declare(ctx context.Context, name string, args amqp.Table) error
+	DeclareDelay(ctx context.Context, name, target string, ttl time.Duration) error
+}
+
+// delays is the retry ladder: one queue per delay, since a queue has one TTL.
+var delays = []time.Duration{
+	100 * time.Millisecond, 250 * time.Millisecond, 500 * time.Millisecond,
+	time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second,
+	32 * time.Second, 64 * time.Second, 128 * time.Second, 256 * time.Second, 512 * time.Second,
+}
+
+// Config configures a Deliverer. Zero values take the defaults shown.
+type Config struct {
+	Prefix string // namespace of Redis keys and queues [klaxon]
+	// Queue is the delivery queue [<prefix>.deliveries].
+	Queue string
+	// FailedQueue receives notifications that could not be sent, with the
+	// reason in the x-klaxon-error header [<prefix>.failed].
+	FailedQueue string
+	// MaxAttempts is how many sends are tried before giving up [12: about
+	// 17 minutes of exponential backoff].
+	MaxAttempts int
+	// SendTimeout bounds one send [30 s].
+	SendTimeout time.Duration
+	// Keep is how long a sent notification is remembered, so that a late
+	// duplicate is not sent again [48 h].
+	Keep time.Duration
+}
+
+// Deliverer sends delivery jobs through the channels.
+type Deliverer struct {
+	cfg      Config
+	channels map[string]notify.Channel
+	rdb      redis.UniversalClient
+	pub      Publisher
+	log      *slog.Logger
+	metrics  *metrics.Metrics
+	throttle *redis.Script
+	flush    *redis.Script
+	// token tells this process' claims from others'.
+	token string
+}
+
+// New returns a deliverer; channels are keyed by rules' channel names.
+func New(cfg Config, channels map[string]notify.Channel, rdb redis.UniversalClient, pub Publisher, log *slog.Logger, m *metrics.Metrics) *Deliverer {
+	if cfg.Prefix == "" {
+		cfg.Prefix = "klaxon"
+	}
+	if cfg.Queue == "" {
+		cfg.Queue = cfg.Prefix + ".deliveries"
+	}
+	if cfg.FailedQueue == "" {
+		cfg.FailedQueue = cfg.Prefix + ".failed"
+	}
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = 12
+	}
+	if cfg.SendTimeout <= 0 {
+		cfg.SendTimeout = 30 * time.Second
+	}
+	if cfg.Keep <= 0 {
+		cfg.Keep = 48 * time.Hour
+	}
+	n, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
+	return &Deliverer{
+		cfg: cfg, channels: channels, rdb: rdb, pub: pub, log: log, metrics: m,
+		throttle: redis.NewScript(throttleLua),
+		flush:    redis.NewScript(flushLua),
+		token:    strconv.FormatInt(n.Int64(), 36),
+	}
+}
+
+// Queue is the name of the delivery queue.
+func (d *Deliverer) Queue() string { return d.cfg.Queue }
+
+// Declare declares the delivery, failed and retry queues.
+func (d *Deliverer) Declare(ctx context.Context, q Declarer) error {
+	for _, name := range []string{d.cfg.Queue, d.cfg.FailedQueue} {
+		if err := q.Declare(ctx, name, nil); err != nil {
+			return fmt.Errorf("declare %s: %w", name, err)
+		}
+	}
+	for _, delay := range delays {
+		if err := q.DeclareDelay(ctx, d.delayQueue(delay), d.cfg.Queue, delay); err != nil {
+			return fmt.Errorf("declare retry queue: %w", err)
+		}
+	}
+	return nil
+}
+
+func (d *Deliverer) delayQueue(delay time.Duration) string {
+	return d.cfg.Prefix + ".retry." + delay.String()
+}
+
+// Handle delivers a batch of jobs concurrently; returning nil acks them. An
+// error (Redis or the broker failing) holds the batch for another try: jobs
+// already done are recognised then and not sent again.
+func (d *Deliverer) Handle(ctx context.Context, b *queue.Batch) error {
+	errs := make([]error, len(b.Deliveries))
+	var wg sync.WaitGroup
+	for i, dl := range b.Deliveries {
+		job, err := DecodeJob(dl.Body)
+		if err != nil {
+			// Nothing to retry in a job that does not parse: keep it for a human.
+			d.log.Error("unusable delivery job", "message_id", dl.MessageID, "error", err)
+			m := dl.Message(d.cfg.FailedQueue)
+			m.Headers[ErrorHeader] = err.Error()
+			errs[i] = d.pub.Publish(ctx, m)
+			continue
+		}
+		claim := "c:" + d.token + ":" + strconv.FormatUint(dl.DeliveryTag, 10)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if job.Notification == nil {
+				errs[i] = d.deliverDigest(ctx, &job, claim)
+			} else {
+				errs[i] = d.deliver(ctx, &job, claim)
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// Outcomes of a claim.
+const (
+	claimed = iota // ours to send
+	done           // sent, digested or failed before
+	busy           // another deliverer holds it
+)
+
+// claimKey is the Redis key recording a notification's delivery on a channel.
+func (d *Deliverer) claimKey(id string) string { return d.cfg.Prefix + ":sent:" + id }
+
+// claim marks a notification as being sent by us. A claim left by a crashed
+// deliverer expires after twice the send timeout.
+func (d *Deliverer) claim(ctx context.Context, key, token string) (int, time.Duration, error) {
+	old, err := d.rdb.SetArgs(ctx, key, token, redis.SetArgs{Mode: "NX", Get: true, TTL: 2 * d.cfg.SendTimeout}).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return claimed, 0, nil
+	case err != nil:
+		return 0, 0, fmt.Errorf("claim %s: %w", key, err)
+	case old == token:
+		return claimed, 0, nil // our own claim, from a failed try of this batch
+	case len(old) > 2 && old[:2] == "c:":
+		ttl, err := d.rdb.PTTL(ctx, key).Result()
+		if err != nil {
+			return 0, 0, fmt.Errorf("claim %s: %w", key, err)
+		}
+		return busy, max(ttl, 0), nil
+	}
+	return done, 0, nil
+}
+
+func (d *Deliverer) record(ctx context.Context, key, state string) error {
+	if err := d.rdb.Set(ctx, key, state, d.cfg.Keep).Err(); err != nil {
+		return fmt.Errorf("record %s as %s: %w", key, state, err)
+	}
+	return nil
+}
+
+// deliver sends one firing on one channel, once.
+func (d *Deliverer) deliver(ctx context.Context, job *Job, token string) error {
+	n := job.Notification
+	key := d.claimKey(job.Key())
+	state, wait, err := d.claim(ctx, key, token)
+	if err != nil {
+		return err
+	}
+	switch state {
+	case done:
+		d.metrics.Notifications.WithLabelValues(job.Channel, "duplicate").Inc()
+		return nil
+	case busy:
+		return d.schedule(ctx, job, wait, true)
+	}
+
+	if job.MinPeriod > 0 && !job.Throttled {
+		gathered, err := d.gather(ctx, job)
+		if err != nil {
+			return err
+		}
+		if gathered {
+			d.metrics.Notifications.WithLabelValues(job.Channel, "digested").Inc()
+			return d.record(ctx, key, "digested")
+		}
+		job.Throttled = true
+	}
+
+	msg := &notify.Message{ID: n.ID, ProjectID: job.ProjectID, RuleID: job.RuleID, Notifications: []notify.Notification{*n}}
+	return d.send(ctx, job, key, msg, func(ctx context.Context) error { return d.rdb.Del(ctx, key).Err() })
+}
+
+// gather passes a job through its channel's minPeriod: false means send it
+// now, true that it waits for the digest, whose flush it scheduled if needed.
+func (d *Deliverer) gather(ctx context.Context, job *Job) (bool, error) {
+	body, err := json.Marshal(job)
+	if err != nil {
+		return false, fmt.Errorf("encode job: %w", err)
+	}
+	keys := d.digestKeys(job)
+	r, err := d.throttle.Run(ctx, d.rdb, keys[:2], job.MinPeriod, job.Notification.ID, body).Int64Slice()
+	if err != nil {
+		return false, fmt.Errorf("minPeriod of rule %s on %s: %w", job.RuleID, job.Channel, err)
+	}
+	switch r[0] {
+	case 0:
+		return false, nil
+	case 2:
+		flush := Job{Channel: job.Channel, Endpoint: job.Endpoint, MinPeriod: job.MinPeriod, ProjectID: job.ProjectID, RuleID: job.RuleID}
+		if err := d.schedule(ctx, &flush, time.Duration(r[1])*time.Millisecond, false); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// digestKeys are the keys of a (rule, channel)'s minPeriod: its state, the
+// notifications pending, and the digest being sent. They share a hash tag.
+func (d *Deliverer) digestKeys(job *Job) []string {
+	base := d.cfg.Prefix + ":{mp:" + job.ProjectID + ":" + job.RuleID + ":" + job.Channel + "}"
+	return []string{base, base + ":pending", base + ":inflight"}
+}
+
+// deliverDigest sends what a (rule, channel) gathered during its minPeriod.
+func (d *Deliverer) deliverDigest(ctx context.Context, job *Job, token string) error {
+	keys := d.digestKeys(job)
+	r, err := d.flush.Run(ctx, d.rdb, keys, job.MinPeriod).Slice()
+	if err != nil {
+		return fmt.Errorf("flush digest of rule %s on %s: %w", job.RuleID, job.Channel, err)
+	}
+	switch r[0].(int64) {
+	case 1:
+		return d.schedule(ctx, job, time.Duration(r[1].(int64))*time.Millisecond, false)
+	case 2:
+		return nil
+	}
+	var ns []notify.Notification
+	for i := 2; i < len(r); i += 2 {
+		var pending Job
+		if err := json.Unmarshal([]byte(r[i].(string)), &pending); err != nil || pending.Notification == nil {
+			d.log.Error("unusable job in a digest: dropped from it", "rule", job.RuleID, "channel", job.Channel, "error", err)
+			continue
+		}
+		ns = append(ns, *pending.Notification)
+	}
+	slices.SortFunc(ns, func(a, b notify.Notification) int {
+		return cmpTimeThenID(a, b)
+	})
+	msg := digestMessage(job, ns)
+	key := d.claimKey(msg.ID + ":" + job.Channel)
+	state, wait, err := d.claim(ctx, key, token)
+	if err != nil {
+		return err
+	}
+	switch state {
+	case done:
+		return d.rdb.Del(ctx, keys[2]).Err()
+	case busy:
+		return d.schedule(ctx, job, wait, true)
+	}
+	return d.send(ctx, job, key, msg, func(ctx context.Context) error {
+		return d.rdb.Del(ctx, key).Err() // keep the digest in flight for the retry
+	}, keys[2])
+}
+
+func cmpTimeThenID(a, b notify.Notification) int {
+	if c := a.FiredAt.Compare(b.FiredAt); c != 0 {
+		return c
+	}
+	switch {
+	case a.ID < b.ID:
+		return -1
+	case a.ID > b.ID:
+		return 1
+	}
+	return 0
+}
+
+// digestMessage is one message for the notifications of a digest: the
+// notification itself when there is one, else a digest with an id derived
+// from its contents, so a resend carries the same id.
+func digestMessage(job *Job, ns []notify.Notification) *notify.Message {
+	m := &notify.Message{ProjectID: job.ProjectID, RuleID: job.RuleID, Notifications: ns}
+	if len(ns) == 1 {
+		m.ID = ns[0].ID
+		return m
+	}
+	h := sha256.New()
+	for _, n := range ns {
+		h.Write([]byte(n.ID))
+	}
+	m.ID, m.Digest = "digest-"+hex.EncodeToString(h.Sum(nil)[:16]), true
+	return m
+}
+
+// send tries the channel once and settles the job: recorded as sent,
+// scheduled for a retry (after release drops the claim), or recorded as
+// failed. Keys in cleanup are deleted once the message is settled.
+func (d *Deliverer) send(ctx context.Context, job *Job, key string, msg *notify.Message, release func(context.Context) error, cleanup ...string) error {
+	ch, ok := d.channels[job.Channel]
+	var retry bool
+	var err error
+	start := time.Now()
+	if !ok {
+		err = fmt.Errorf("channel %s is not configured on this worker", job.Channel)
+	} else {
+		sctx, cancel := context.WithTimeout(ctx, d.cfg.SendTimeout)
+		retry, err = ch.Notify(sctx, job.Endpoint, msg)
+		cancel()
+	}
+	log := d.log.With("channel", job.Channel, "project", job.ProjectID, "rule", job.RuleID,
+		"notification_id", msg.ID, "firings", len(msg.Notifications), "attempt", job.Attempt+1)
+	if err == nil {
+		if err := d.record(ctx, key, "sent"); err != nil {
+			return err
+		}
+		d.metrics.Notifications.WithLabelValues(job.Channel, "sent").Inc()
+		for _, n := range msg.Notifications {
+			d.metrics.DeliveryLatency.WithLabelValues(job.Channel).Observe(time.Since(n.FiredAt).Seconds())
+		}
+		log.Info("notification sent", "took_ms", time.Since(start).Milliseconds())
+		return d.cleanup(ctx, cleanup)
+	}
+	if ctx.Err() != nil {
+		// Stopping: the job is not acked and comes again.
+		return ctx.Err()
+	}
+	if retry && job.Attempt+1 < d.cfg.MaxAttempts {
+		if err := release(ctx); err != nil {
+			return fmt.Errorf("release claim %s: %w", key, err)
+		}
+		next := *job
+		next.Attempt++
+		var after notify.RetryAfter
+		delay := backoff(next.Attempt)
+		if errors.As(err, &after) {
+			delay = max(after.RetryAfter(), delays[0])
+		}
+		log.Warn("notification failed, will retry", "error", err, "retry_in", delay.String())
+		d.metrics.Notifications.WithLabelValues(job.Channel, "retried").Inc()
+		return d.schedule(ctx, &next, delay, true)
+	}
+	log.Error("notification failed for good", "error", err, "retryable", retry)
+	d.metrics.Notifications.WithLabelValues(job.Channel, "failed").Inc()
+	failed := *job
+	if msg.Digest {
+		failed.Notification = nil
+	}
+	body, jerr := json.Marshal(struct {
+		Job
+		Notifications []notify.Notification `json:"notifications,omitempty"`
+	}{failed, msg.Notifications})
+	if jerr != nil {
+		return fmt.Errorf("encode failed job: %w", jerr)
+	}
+	if err := d.pub.Publish(ctx, queue.Message{
+		RoutingKey: d.cfg.FailedQueue, Body: body, MessageID: msg.ID + ":" + job.Channel,
+		ContentType: "application/json", Headers: amqp.Table{ErrorHeader: err.Error()},
+	}); err != nil {
+		return fmt.Errorf("record failed notification: %w", err)
+	}
+	if err := d.record(ctx, key, "failed"); err != nil {
+		return err
+	}
+	return d.cleanup(ctx, cleanup)
+}
+
+func (d *Deliverer) cleanup(ctx context.Context, keys []string) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	if err := d.rdb.Del(ctx, keys...).Err(); err != nil {
+		return fmt.Errorf("clean up %v: %w", keys, err)
+	}
+	return nil
+}
+
+// schedule publishes job to come back on the delivery queue after delay:
+// through the longest retry queue not over it when exact is false (a flush
+// that must not come early, and is re-checked on arrival), or the shortest
+// at or over it when exact is true (a retry that must not come too soon).
+func (d *Deliverer) schedule(ctx context.Context, job *Job, delay time.Duration, atLeast bool) error {
+	body, err := json.Marshal(job)
+	if err != nil {
+		return fmt.Errorf("encode job: %w", err)
+	}
+	q := d.delayQueue(pickDelay(delay, atLeast))
+	id := "flush"
+	if job.Notification != nil {
+		id = job.Key()
+	}
+	if err := d.pub.Publish(ctx, queue.Message{RoutingKey: q, Body: body, MessageID: id, ContentType: "application/json"}); err != nil {
+		return fmt.Errorf("schedule %s on %s: %w", id, q, err)
+	}
+	return nil
+}
+
+// pickDelay picks a rung of the retry ladder for delay: the shortest at or
+// over it when atLeast, else the longest at or under it (the shortest if
+// none is).
+func pickDelay(delay time.Duration, atLeast bool) time.Duration {
+	if atLeast {
+		for _, l := range delays {
+			if l >= delay {
+				return l
+			}
+		}
+		return delays[len(delays)-1]
+	}
+	pick := delays[0]
+	for _, l := range delays {
+		if l <= delay {
+			pick = l
+		}
+	}
+	return pick
+}
+
+// backoff is the wait before attempt n (1 = the first retry): 1 s doubling
+// up to 512 s, and at random half of that, so that deliverers retrying
+// together spread out.
+func backoff(n int) time.Duration {
+	i := min(3+n-1, len(delays)-1) // delays[3] is 1 s
+	return delays[i-mrand.IntN(2)]
+}

@@ -1,0 +1,48 @@
+// Package deliverer sends notifications: it consumes delivery jobs, sends
+// each firing exactly once per channel, retries what failed with backoff,
+// and gathers firings inside a channel's minPeriod into one digest.
+package deliverer
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/klaxonhq/klaxon/internal/notify"
+)
+
+// Job is one notification for one channel of a rule, or the flush of the
+// digest gathered during the channel's minPeriod: the body of a message on
+// the delivery queue. It carries the endpoint itself, so an edit of the rule
+// after the firing does not change where the firing goes.
+type Job struct {
+	Channel   string `json:"channel"`
+	Endpoint  string `json:"endpoint"`
+	MinPeriod int64  `json:"minPeriod,omitempty"` // ms
+	ProjectID string `json:"projectId"`
+	RuleID    string `json:"ruleId"`
+	// Notification is the firing to send; nil for a digest flush.
+	Notification *notify.Notification `json:"notification,omitempty"`
+	// Attempt counts the sends tried so far.
+	Attempt int `json:"attempt,omitempty"`
+	// Throttled is set once the job passed the minPeriod gate, so that a
+	// retry does not queue it for a digest.
+	Throttled bool `json:"throttled,omitempty"`
+}
+
+// Key identifies the job for de-duplication: a firing on a channel.
+func (j *Job) Key() string { return j.Notification.ID + ":" + j.Channel }
+
+// DecodeJob parses a delivery queue message.
+func DecodeJob(body []byte) (Job, error) {
+	var j Job
+	if err := json.Unmarshal(body, &j); err != nil {
+		return j, fmt.Errorf("delivery job is not JSON: %w", err)
+	}
+	if j.Channel == "" || j.Endpoint == "" || j.ProjectID == "" || j.RuleID == "" {
+		return j, fmt.Errorf("delivery job lacks channel, endpoint, projectId or ruleId")
+	}
+	if j.Notification != nil && j.Notification.ID == "" {
+		return j, fmt.Errorf("delivery job's notification has no id")
+	}
+	return j, nil
+}

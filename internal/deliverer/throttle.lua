@@ -1,0 +1,28 @@
+-- throttle.lua: may a notification for a (rule, channel) go now, or must it
+-- wait for the digest at the end of the channel's minPeriod?
+-- KEYS[1] hash {last = ms of the last send, sched = ms a flush is due}
+-- KEYS[2] hash of pending notifications: id -> job
+-- ARGV    minPeriod(ms) id job
+-- Reply   {0}         send now (the minPeriod starts now)
+--         {1}         gathered; a flush is already scheduled
+--         {2, delay}  gathered; schedule a flush in delay ms
+local now = redis.call('TIME')
+now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local period = tonumber(ARGV[1])
+local keep = period + 86400000
+local last = tonumber(redis.call('HGET', KEYS[1], 'last'))
+if (not last or now >= last + period) and redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('HSET', KEYS[1], 'last', now)
+  redis.call('PEXPIRE', KEYS[1], keep)
+  return {0}
+end
+local added = redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], keep)
+local sched = tonumber(redis.call('HGET', KEYS[1], 'sched'))
+-- A redelivered job schedules again: its first schedule may never have
+-- reached the broker. Extra flushes find nothing and do nothing.
+if added == 1 and sched then return {1} end
+local at = (last or now) + period
+redis.call('HSET', KEYS[1], 'sched', at)
+redis.call('PEXPIRE', KEYS[1], keep)
+return {2, math.max(at - now, 0)}

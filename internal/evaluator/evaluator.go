@@ -1,0 +1,238 @@
+// Package evaluator is the first stage of the worker: it takes a batch of
+// incoming events, matches them against their project's rules, counts them
+// and turns every firing into delivery jobs, so that a batch is acked only
+// once everything it caused is durable.
+package evaluator
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/klaxonhq/klaxon/internal/counter"
+	"github.com/klaxonhq/klaxon/internal/deliverer"
+	"github.com/klaxonhq/klaxon/internal/event"
+	"github.com/klaxonhq/klaxon/internal/metrics"
+	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/queue"
+	"github.com/klaxonhq/klaxon/internal/rules"
+)
+
+// ErrorHeader is the header of a dead letter that says what was wrong.
+const ErrorHeader = "x-klaxon-error"
+
+// Rules gives a project's enabled rules; the hot path calls it per event.
+type Rules interface {
+	Rules(projectID string) []*rules.Rule
+}
+
+// Counter counts events against the rules they matched.
+type Counter interface {
+	Observe(ctx context.Context, events []counter.Event) ([]counter.Result, error)
+}
+
+// Publisher publishes messages and returns once the broker confirmed them.
+type Publisher interface {
+	Publish(ctx context.Context, msgs ...queue.Message) error
+}
+
+// Evaluator handles batches of incoming events.
+type Evaluator struct {
+	Rules     Rules
+	Counter   Counter
+	Publisher Publisher
+	// DeadQueue receives messages that cannot be used (<queue>.dead).
+	DeadQueue string
+	// DeliveryQueue receives one job per firing and channel.
+	DeliveryQueue string
+	Log           *slog.Logger
+	Metrics       *metrics.Metrics
+}
+
+// Handle processes a batch; returning nil acks all of it. Dead letters and
+// delivery jobs are confirmed by the broker before Handle returns. On error
+// nothing is acked and the same batch comes again: counting is idempotent by
+// message id, and delivery jobs carry deterministic ids.
+func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
+	var (
+		out    []queue.Message
+		events []counter.Event
+		msgs   []event.Message // parallel to events
+		tally  = map[string]int{}
+	)
+	for _, d := range b.Deliveries {
+		m, err := event.Decode(d.Body)
+		if err != nil {
+			dl := d.Message(e.DeadQueue)
+			dl.Headers[ErrorHeader] = err.Error()
+			out = append(out, dl)
+			tally["dead"]++
+			e.Log.Warn("dead-lettered a message", "queue", e.DeadQueue, "message_id", d.MessageID, "error", err)
+			continue
+		}
+		projectRules := e.Rules.Rules(m.ProjectID)
+		if len(projectRules) == 0 {
+			tally["no_rules"]++
+			continue
+		}
+		var matched []*rules.Rule
+		for _, r := range projectRules {
+			if r.Matches(m.Event.Title, m.Event.IsNew) {
+				matched = append(matched, r)
+			}
+		}
+		if len(matched) == 0 {
+			tally["unmatched"]++
+			continue
+		}
+		events = append(events, counter.Event{
+			ID:        messageID(d),
+			ProjectID: m.ProjectID,
+			GroupHash: m.Event.GroupHash,
+			UserID:    m.Event.UserID(),
+			Time:      m.Event.Time(),
+			Rules:     matched,
+		})
+		msgs = append(msgs, m)
+	}
+
+	var results []counter.Result
+	if len(events) > 0 {
+		var err error
+		if results, err = e.Counter.Observe(ctx, events); err != nil {
+			return fmt.Errorf("count %d events: %w", len(events), err)
+		}
+		for i, res := range results {
+			jobs, err := e.jobs(&events[i], &msgs[i], res)
+			if err != nil {
+				return err
+			}
+			out = append(out, jobs...)
+		}
+	}
+	if len(out) > 0 {
+		if err := e.Publisher.Publish(ctx, out...); err != nil {
+			return fmt.Errorf("publish %d dead letters and delivery jobs: %w", len(out), err)
+		}
+	}
+	e.record(tally, events, results)
+	return nil
+}
+
+// record counts a finished batch in the metrics and logs its firings; a
+// batch that failed and comes again is thus counted once.
+func (e *Evaluator) record(tally map[string]int, events []counter.Event, results []counter.Result) {
+	for i, res := range results {
+		ev := &events[i]
+		if res.Duplicate {
+			tally["duplicate"]++
+		} else {
+			tally["counted"]++
+			if !ev.Time.IsZero() {
+				e.Metrics.EventLag.Observe(time.Since(ev.Time).Seconds())
+			}
+		}
+		e.Metrics.RulesEvaluated.Add(float64(len(res.Outcomes)))
+		for k := range res.Outcomes {
+			o := &res.Outcomes[k]
+			if !o.Fired {
+				continue
+			}
+			kind := notify.TypeThreshold
+			if o.Rule.OnlyNew {
+				kind = notify.TypeNew
+			}
+			if !res.Duplicate {
+				e.Metrics.Firings.WithLabelValues(kind).Inc()
+			}
+			e.Log.Info("rule fired", "project", ev.ProjectID, "rule", o.Rule.ID, "group", ev.GroupHash,
+				"type", kind, "window", o.Window, "counts", o.Counts, "notification_id", o.ID,
+				"channels", len(o.Rule.Channels), "replayed", res.Duplicate)
+		}
+	}
+	for outcome, n := range tally {
+		e.Metrics.Events.WithLabelValues(outcome).Add(float64(n))
+	}
+}
+
+// jobs turns the firings of one event into delivery jobs, one per channel.
+// A replayed firing (a redelivered message) gets the same jobs again; the
+// deliverer sends each firing once.
+func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result) ([]queue.Message, error) {
+	var jobs []queue.Message
+	for k := range res.Outcomes {
+		o := &res.Outcomes[k]
+		if !o.Fired {
+			continue
+		}
+		n := Notification(ev, m, o)
+		for _, c := range o.Rule.Channels {
+			job := deliverer.Job{
+				Channel: c.Name, Endpoint: c.Endpoint, MinPeriod: c.MinPeriod.Milliseconds(),
+				ProjectID: ev.ProjectID, RuleID: o.Rule.ID, Notification: &n,
+			}
+			body, err := json.Marshal(job)
+			if err != nil {
+				return nil, fmt.Errorf("encode delivery job: %w", err)
+			}
+			jobs = append(jobs, queue.Message{
+				RoutingKey:  e.DeliveryQueue,
+				Body:        body,
+				MessageID:   job.Key(),
+				ContentType: "application/json",
+			})
+		}
+	}
+	return jobs, nil
+}
+
+// Notification describes a firing as CONTRACT §5's webhook body.
+func Notification(ev *counter.Event, m *event.Message, o *counter.Outcome) notify.Notification {
+	r := o.Rule
+	n := notify.Notification{
+		ID:        o.ID,
+		ProjectID: ev.ProjectID,
+		RuleID:    r.ID,
+		Event: notify.Event{
+			Title:        m.Event.Title,
+			GroupHash:    m.Event.GroupHash,
+			RepetitionID: m.Event.RepetitionID,
+		},
+		FiredAt: o.At.UTC(),
+		Windows: []notify.WindowStatus{},
+	}
+	if r.OnlyNew {
+		n.Type, n.Count = notify.TypeNew, 1
+		return n
+	}
+	n.Type, n.CountBy = notify.TypeThreshold, rules.CountEvents
+	if r.Users {
+		n.CountBy = rules.CountUsers
+	}
+	for i, w := range r.Windows {
+		n.Windows = append(n.Windows, notify.WindowStatus{
+			Threshold: w.Threshold,
+			Period:    w.Period.Milliseconds(),
+			Count:     o.Counts[i],
+			ResetAt:   o.ResetAt(i).UTC(),
+		})
+	}
+	fired := n.Windows[o.Window]
+	n.Count, n.Threshold, n.Period = fired.Count, fired.Threshold, fired.Period
+	return n
+}
+
+// messageID identifies a delivery for de-duplication: its AMQP message-id,
+// or else a hash of its body. Hawk's messages differ by repetitionId, so
+// equal bodies are the same message.
+func messageID(d queue.Delivery) string {
+	if d.MessageID != "" && len(d.MessageID) <= 128 {
+		return "id:" + d.MessageID
+	}
+	sum := sha256.Sum256(d.Body)
+	return "h:" + hex.EncodeToString(sum[:12])
+}

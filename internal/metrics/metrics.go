@@ -1,0 +1,82 @@
+// Package metrics defines Klaxon's Prometheus metrics. main builds one
+// Metrics on a registry and hands it to every stage.
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are every metric Klaxon exports.
+type Metrics struct {
+	// Events by outcome: counted, duplicate, unmatched (no rule matched),
+	// no_rules (project without rules), dead (dead-lettered).
+	Events *prometheus.CounterVec
+	// RulesEvaluated counts (event, rule) pairs sent to the counter.
+	RulesEvaluated prometheus.Counter
+	// Firings by type (new, threshold).
+	Firings *prometheus.CounterVec
+	// Notifications by channel and outcome: sent, digested, retried,
+	// failed, duplicate.
+	Notifications *prometheus.CounterVec
+	// DeliveryLatency is from firing to the provider's acceptance, by channel.
+	DeliveryLatency *prometheus.HistogramVec
+	// EventLag is how old an event with a timestamp is when counted.
+	EventLag prometheus.Histogram
+	// QueueDepth is the number of messages ready in each queue Klaxon reads.
+	QueueDepth *prometheus.GaugeVec
+	// Batches by stage and outcome (ok, error): a handler error holds the
+	// batch and retries it after a backoff.
+	Batches *prometheus.CounterVec
+	// RuleLoads by source outcome (ok, error); on error the last good rules serve.
+	RuleLoads *prometheus.CounterVec
+	// RuleWarnings counts malformed or suspicious rules seen at load.
+	RuleWarnings prometheus.Counter
+	// Up is 1 while a dependency answers, by name (amqp, redis, rules).
+	Up *prometheus.GaugeVec
+}
+
+// New creates the metrics and registers them on reg.
+func New(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "klaxon_events_total", Help: "Incoming events by outcome.",
+		}, []string{"outcome"}),
+		RulesEvaluated: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "klaxon_rules_evaluated_total", Help: "Event and rule pairs counted.",
+		}),
+		Firings: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "klaxon_firings_total", Help: "Rule firings by type.",
+		}, []string{"type"}),
+		Notifications: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "klaxon_notifications_total", Help: "Notification deliveries by channel and outcome.",
+		}, []string{"channel", "outcome"}),
+		DeliveryLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "klaxon_delivery_latency_seconds",
+			Help:    "From the firing to the provider accepting the message.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 12),
+		}, []string{"channel"}),
+		EventLag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "klaxon_event_lag_seconds",
+			Help:    "Age of timestamped events when counted: how far behind the consumer is.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 3, 12),
+		}),
+		QueueDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "klaxon_queue_messages", Help: "Messages ready in the queues Klaxon consumes.",
+		}, []string{"queue"}),
+		Batches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "klaxon_batches_total", Help: "Handled batches by stage and outcome.",
+		}, []string{"stage", "outcome"}),
+		RuleLoads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "klaxon_rule_loads_total", Help: "Rule reloads by outcome.",
+		}, []string{"outcome"}),
+		RuleWarnings: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "klaxon_rule_warnings_total", Help: "Malformed or suspicious rules seen when loading.",
+		}),
+		Up: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "klaxon_dependency_up", Help: "1 while a dependency answers.",
+		}, []string{"dependency"}),
+	}
+	reg.MustRegister(m.Events, m.RulesEvaluated, m.Firings, m.Notifications, m.DeliveryLatency,
+		m.EventLag, m.QueueDepth, m.Batches, m.RuleLoads, m.RuleWarnings, m.Up)
+	return m
+}
