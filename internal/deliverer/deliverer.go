@@ -20,6 +20,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
@@ -37,6 +38,23 @@ const ErrorHeader = "x-klaxon-error"
 // Publisher publishes messages and returns once the broker confirmed them.
 type Publisher interface {
 	Publish(ctx context.Context, msgs ...queue.Message) error
+}
+
+// Limiter paces messages to one destination under several sliding-window
+// limits (counter.Limiter).
+type Limiter interface {
+	Allow(ctx context.Context, key string, limits ...counter.Limit) (counter.Decision, error)
+}
+
+// DefaultLimits are the providers' own rate limits per destination, so that
+// a storm of firings is paced instead of refused: Telegram allows a chat
+// about one message a second and a group twenty a minute; Slack an incoming
+// webhook one a second.
+func DefaultLimits() map[string][]counter.Limit {
+	return map[string][]counter.Limit{
+		"telegram": {counter.PerSecond(1), counter.PerMinute(20)},
+		"slack":    {counter.PerSecond(1)},
+	}
 }
 
 // Declarer declares the queues the deliverer needs.
@@ -68,6 +86,9 @@ type Config struct {
 	// Keep is how long a sent notification is remembered, so that a late
 	// duplicate is not sent again [48 h].
 	Keep time.Duration
+	// Limits pace each destination of a channel, by channel name
+	// [DefaultLimits]. A message over a limit waits; it is never dropped.
+	Limits map[string][]counter.Limit
 }
 
 // Deliverer sends delivery jobs through the channels.
@@ -76,6 +97,7 @@ type Deliverer struct {
 	channels map[string]notify.Channel
 	rdb      redis.UniversalClient
 	pub      Publisher
+	limiter  Limiter
 	log      *slog.Logger
 	metrics  *metrics.Metrics
 	throttle *redis.Script
@@ -86,6 +108,9 @@ type Deliverer struct {
 
 // New returns a deliverer; channels are keyed by rules' channel names.
 func New(cfg Config, channels map[string]notify.Channel, rdb redis.UniversalClient, pub Publisher, log *slog.Logger, m *metrics.Metrics) *Deliverer {
+	if cfg.Limits == nil {
+		cfg.Limits = DefaultLimits()
+	}
 	if cfg.Prefix == "" {
 		cfg.Prefix = "klaxon"
 	}
@@ -107,6 +132,7 @@ func New(cfg Config, channels map[string]notify.Channel, rdb redis.UniversalClie
 	n, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
 	return &Deliverer{
 		cfg: cfg, channels: channels, rdb: rdb, pub: pub, log: log, metrics: m,
+		limiter:  counter.NewLimiter(rdb, cfg.Prefix),
 		throttle: redis.NewScript(throttleLua),
 		flush:    redis.NewScript(flushLua),
 		token:    strconv.FormatInt(n.Int64(), 36),
@@ -343,6 +369,22 @@ func digestMessage(job *Job, ns []notify.Notification) *notify.Message {
 // scheduled for a retry (after release drops the claim), or recorded as
 // failed. Keys in cleanup are deleted once the message is settled.
 func (d *Deliverer) send(ctx context.Context, job *Job, key string, msg *notify.Message, release func(context.Context) error, cleanup ...string) error {
+	if limits := d.cfg.Limits[job.Channel]; len(limits) > 0 {
+		dest := sha256.Sum256([]byte(job.Endpoint)) // the endpoint may be a secret
+		dec, err := d.limiter.Allow(ctx, job.Channel+":"+hex.EncodeToString(dest[:12]), limits...)
+		if err != nil {
+			return err
+		}
+		if !dec.Allowed {
+			// Over the provider's pace: wait, without spending an attempt.
+			if err := release(ctx); err != nil {
+				return fmt.Errorf("release claim %s: %w", key, err)
+			}
+			d.metrics.Notifications.WithLabelValues(job.Channel, "throttled").Inc()
+			d.log.Debug("notification paced", "channel", job.Channel, "notification_id", msg.ID, "wait", dec.RetryAfter.String())
+			return d.schedule(ctx, job, dec.RetryAfter, true)
+		}
+	}
 	ch, ok := d.channels[job.Channel]
 	var retry bool
 	var err error

@@ -16,7 +16,7 @@ type Metrics struct {
 	// Firings by type (new, threshold).
 	Firings *prometheus.CounterVec
 	// Notifications by channel and outcome: sent, digested, retried,
-	// failed, duplicate.
+	// throttled (paced to the provider's rate limit), failed, duplicate.
 	Notifications *prometheus.CounterVec
 	// DeliveryLatency is from firing to the provider's acceptance, by channel.
 	DeliveryLatency *prometheus.HistogramVec

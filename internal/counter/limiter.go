@@ -1,0 +1,69 @@
+package counter
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed limit.lua
+var limitLua string
+
+// Limit is at most Events within any sliding window of Per.
+type Limit struct {
+	Events int64
+	Per    time.Duration
+}
+
+// PerSecond is n events a second.
+func PerSecond(n int64) Limit { return Limit{Events: n, Per: time.Second} }
+
+// PerMinute is n events a minute.
+func PerMinute(n int64) Limit { return Limit{Events: n, Per: time.Minute} }
+
+// Decision is a limiter's answer.
+type Decision struct {
+	// Allowed is true when the event may go now; it has been counted.
+	Allowed bool
+	// RetryAfter is how long to wait before asking again when not Allowed,
+	// e.g. 700ms when the last second already had its one message.
+	RetryAfter time.Duration
+}
+
+// Limiter holds destinations to several sliding-window limits at once, with
+// the buckets of the counting engine: it may wait up to one bucket longer
+// than needed, and never lets a window hold more than its limit.
+type Limiter struct {
+	rdb    redis.UniversalClient
+	script *redis.Script
+	prefix string
+}
+
+// NewLimiter returns a limiter whose keys start with prefix.
+func NewLimiter(rdb redis.UniversalClient, prefix string) *Limiter {
+	return &Limiter{rdb: rdb, script: redis.NewScript(limitLua), prefix: prefix}
+}
+
+// Allow counts one event for key if every limit allows it. A key must always
+// be used with the same limits.
+func (l *Limiter) Allow(ctx context.Context, key string, limits ...Limit) (Decision, error) {
+	if len(limits) == 0 {
+		return Decision{Allowed: true}, nil
+	}
+	args := make([]any, 0, 1+4*len(limits))
+	args = append(args, len(limits))
+	for _, lim := range limits {
+		if lim.Events < 1 || lim.Per < time.Millisecond {
+			return Decision{}, fmt.Errorf("limit %d per %s: want at least 1 per 1ms", lim.Events, lim.Per)
+		}
+		args = append(args, lim.Events, lim.Per.Milliseconds(), Resolution(lim.Per).Milliseconds(), buckets(lim.Per))
+	}
+	r, err := l.script.Run(ctx, l.rdb, []string{l.prefix + ":rl:" + key}, args...).Int64Slice()
+	if err != nil {
+		return Decision{}, fmt.Errorf("rate limit %s: %w", key, err)
+	}
+	return Decision{Allowed: r[0] == 1, RetryAfter: time.Duration(r[1]) * time.Millisecond}, nil
+}

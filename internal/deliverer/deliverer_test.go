@@ -1,0 +1,162 @@
+package deliverer
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/klaxonhq/klaxon/internal/metrics"
+	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/queue"
+	"github.com/klaxonhq/klaxon/internal/testenv"
+)
+
+// recorder is a provider that accepts everything and notes when.
+type recorder struct {
+	mu   sync.Mutex
+	sent []time.Time
+	ids  []string
+}
+
+func (r *recorder) Notify(_ context.Context, _ string, m *notify.Message) (bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sent = append(r.sent, time.Now())
+	r.ids = append(r.ids, m.ID)
+	return false, nil
+}
+
+func (r *recorder) times() []time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]time.Time(nil), r.sent...)
+}
+
+// runDeliverer runs a deliverer with channel "slack" on queues of its own.
+func runDeliverer(t *testing.T, ch notify.Channel) (*queue.Publisher, string) {
+	t.Helper()
+	url := testenv.AMQPURL(t)
+	prefix := testenv.KeyPrefix(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	pub, err := queue.NewPublisher(queue.PublisherConfig{URL: url, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	d := New(Config{Prefix: prefix}, map[string]notify.Channel{"slack": ch}, testenv.Redis(t), pub, log, metrics.New(prometheus.NewRegistry()))
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := d.Declare(ctx, pub); err != nil {
+		t.Fatal(err)
+	}
+	names := []string{d.Queue(), d.cfg.FailedQueue}
+	for _, delay := range delays {
+		names = append(names, d.delayQueue(delay))
+	}
+	testenv.DeleteQueuesAtCleanup(t, names...)
+	c, err := queue.NewConsumer(queue.ConsumerConfig{URL: url, Queue: d.Queue(), Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); c.Consume(ctx, d.Handle) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return pub, d.Queue()
+}
+
+func job(t *testing.T, id string) queue.Message {
+	t.Helper()
+	body, err := json.Marshal(Job{
+		Channel: "slack", Endpoint: "https://hooks.example/T1", ProjectID: "p", RuleID: "r",
+		Notification: &notify.Notification{ID: id, Type: notify.TypeNew, FiredAt: time.Now()},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return queue.Message{Body: body}
+}
+
+// Three firings for one Slack webhook go out a second apart, none dropped;
+// a duplicate job is sent once.
+func TestPacedToTheProvidersLimit(t *testing.T) {
+	rec := &recorder{}
+	pub, q := runDeliverer(t, rec)
+	var msgs []queue.Message
+	for _, id := range []string{"n1", "n2", "n3", "n1"} {
+		m := job(t, id)
+		m.RoutingKey = q
+		msgs = append(msgs, m)
+	}
+	if err := pub.Publish(context.Background(), msgs...); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for len(rec.times()) < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 3 notifications sent", len(rec.times()))
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
+	}
+	sent := rec.times()
+	for i := 1; i < len(sent); i++ {
+		// One a second per destination, measured where the provider is; a
+		// few ms of scheduling between Redis' decision and the send.
+		if gap := sent[i].Sub(sent[i-1]); gap < 950*time.Millisecond {
+			t.Errorf("send %d came %v after the previous, want about a second or more", i, gap)
+		}
+	}
+	rec.mu.Lock()
+	ids := map[string]int{}
+	for _, id := range rec.ids {
+		ids[id]++
+	}
+	rec.mu.Unlock()
+	if len(ids) != 3 || ids["n1"] != 1 {
+		t.Errorf("sent %v, want n1, n2, n3 once each", ids)
+	}
+}
+
+func TestPickDelay(t *testing.T) {
+	for _, tc := range []struct {
+		d       time.Duration
+		atLeast bool
+		want    time.Duration
+	}{
+		{0, true, 100 * time.Millisecond},
+		{700 * time.Millisecond, true, time.Second},
+		{2 * time.Second, true, 2 * time.Second},
+		{time.Hour, true, 512 * time.Second},
+		{700 * time.Millisecond, false, 500 * time.Millisecond},
+		{33 * time.Second, false, 32 * time.Second},
+		{10 * time.Millisecond, false, 100 * time.Millisecond},
+	} {
+		if got := pickDelay(tc.d, tc.atLeast); got != tc.want {
+			t.Errorf("pickDelay(%v, %v) = %v, want %v", tc.d, tc.atLeast, got, tc.want)
+		}
+	}
+	for n := 1; n <= 20; n++ {
+		base := time.Second << min(n-1, 9)
+		if got := backoff(n); got != base && got != base/2 {
+			t.Errorf("backoff(%d) = %v, want %v or half", n, got, base)
+		}
+	}
+}
+
+func TestDigestIDFollowsContent(t *testing.T) {
+	j := &Job{ProjectID: "p", RuleID: "r"}
+	a := digestMessage(j, []notify.Notification{{ID: "x"}, {ID: "y"}})
+	b := digestMessage(j, []notify.Notification{{ID: "x"}, {ID: "y"}})
+	c := digestMessage(j, []notify.Notification{{ID: "x"}, {ID: "z"}})
+	one := digestMessage(j, []notify.Notification{{ID: "x"}})
+	if a.ID != b.ID || a.ID == c.ID || !a.Digest {
+		t.Errorf("digest ids %s %s %s: want equal for equal content, else distinct", a.ID, b.ID, c.ID)
+	}
+	if one.ID != "x" || one.Digest {
+		t.Errorf("a digest of one is that notification: got %+v", one)
+	}
+}
