@@ -162,6 +162,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 	srv := &http.Server{Addr: cfg.HTTPAddr, Handler: mux(reg, checks, m), ReadHeaderTimeout: 5 * time.Second}
 	tasks = append(tasks, func(ctx context.Context) error { return serve(ctx, srv, log) })
+	tasks = append(tasks, func(ctx context.Context) error { return watch(ctx, checks, m, log) })
 
 	log.Info("klaxon running", "role", cfg.Role, "queue", cfg.Queue, "http", cfg.HTTPAddr, "channels", channelNames(channels))
 	return runAll(ctx, tasks)
@@ -259,6 +260,52 @@ func batchHooks(m *metrics.Metrics, stage string) queue.Hooks {
 	}
 }
 
+// dependencies are the names of checks, in the order they are reported.
+var dependencies = [...]string{"amqp", "redis", "rules"}
+
+// check runs every dependency check, sets klaxon_dependency_up, and returns
+// one line per dependency and whether all answered.
+func check(ctx context.Context, checks map[string]func(context.Context) error, m *metrics.Metrics) (string, bool) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	report, ok := "", true
+	for _, name := range dependencies {
+		if err := checks[name](ctx); err != nil {
+			ok = false
+			report += fmt.Sprintf("%s: %v\n", name, err)
+			m.Up.WithLabelValues(name).Set(0)
+		} else {
+			report += name + ": ok\n"
+			m.Up.WithLabelValues(name).Set(1)
+		}
+	}
+	return report, ok
+}
+
+// watch checks the dependencies every few seconds, so that the metric and
+// the log say when one goes away even if nobody asks /readyz.
+func watch(ctx context.Context, checks map[string]func(context.Context) error, m *metrics.Metrics, log *slog.Logger) error {
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	wasOK := true
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		report, ok := check(ctx, checks, m)
+		if ok != wasOK {
+			if ok {
+				log.Info("all dependencies answer again")
+			} else {
+				log.Warn("a dependency does not answer; not ready", "report", report)
+			}
+			wasOK = ok
+		}
+	}
+}
+
 // mux serves /metrics, /healthz (the process is alive) and /readyz (every
 // dependency answers: broker, Redis, rules).
 func mux(reg *prometheus.Registry, checks map[string]func(context.Context) error, m *metrics.Metrics) *http.ServeMux {
@@ -268,21 +315,11 @@ func mux(reg *prometheus.Registry, checks map[string]func(context.Context) error
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
-		defer cancel()
-		status, body := http.StatusOK, ""
-		for _, name := range []string{"amqp", "redis", "rules"} {
-			if err := checks[name](ctx); err != nil {
-				status = http.StatusServiceUnavailable
-				body += fmt.Sprintf("%s: %v\n", name, err)
-				m.Up.WithLabelValues(name).Set(0)
-			} else {
-				body += name + ": ok\n"
-				m.Up.WithLabelValues(name).Set(1)
-			}
+		report, ok := check(r.Context(), checks, m)
+		if !ok {
+			w.WriteHeader(http.StatusServiceUnavailable)
 		}
-		w.WriteHeader(status)
-		fmt.Fprint(w, body)
+		fmt.Fprint(w, report)
 	})
 	return mux
 }
