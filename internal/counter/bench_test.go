@@ -100,7 +100,7 @@ func BenchmarkAlgorithms(b *testing.B) {
 	ctx := context.Background()
 	rule := mustRule(b, seenMore(rules.WindowSpec{Threshold: 10_000, Period: 60_000}))
 	trapRule := mustRule(b, seenMore(rules.WindowSpec{Threshold: 1000, Period: 120_000}))
-	for _, batch := range []int{1, 10, 100, 1000} {
+	for _, batch := range []int{1, 10, 100, 256, 1000} {
 		for i, algo := range algorithms(b, rdb, "", rule) {
 			b.Run(fmt.Sprintf("%s/batch=%d", algo.name, batch), func(b *testing.B) {
 				prefix := testPrefix(b, rdb)

@@ -55,8 +55,13 @@ func buckets(period time.Duration) int64 {
 type Event struct {
 	// ID identifies the message for de-duplication: a redelivered message
 	// with the same ID neither counts nor fires again, but gets its first
-	// result back. Empty means no de-duplication.
-	ID        string
+	// firings back. Empty means no de-duplication.
+	ID string
+	// MaybeSeen says the event may have been counted before (a redelivery,
+	// or an id its producer may send twice), so its ID is looked up. An
+	// event without it is counted at once, and its ID only recorded: a
+	// first delivery cannot be a repeat.
+	MaybeSeen bool
 	ProjectID string
 	GroupHash string
 	// UserID is counted by rules that count users; empty counts for nothing there.
@@ -225,7 +230,7 @@ func (e *Engine) args(c *call, events []Event) []any {
 		size += 4 + 4*len(r.Windows)
 	}
 	for _, i := range c.events {
-		size += 4 + len(events[i].Rules)
+		size += 5 + len(events[i].Rules)
 	}
 	args := make([]any, 0, size)
 	args = append(args, e.dedupTTL, len(c.rules))
@@ -247,7 +252,11 @@ func (e *Engine) args(c *call, events []Event) []any {
 		if !ev.Time.IsZero() {
 			ts = max(ev.Time.UnixMilli(), 0)
 		}
-		args = append(args, ev.ID, ts, ev.UserID, len(ev.Rules))
+		lookup := 0
+		if ev.MaybeSeen && ev.ID != "" {
+			lookup = 1
+		}
+		args = append(args, ev.ID, lookup, ts, ev.UserID, len(ev.Rules))
 		for _, r := range ev.Rules {
 			args = append(args, indexOf(c.rules, r)+1)
 		}

@@ -90,7 +90,9 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 			continue
 		}
 		events = append(events, counter.Event{
-			ID:        messageID(d),
+			ID: messageID(d),
+			// A first delivery without a producer's id cannot be a repeat.
+			MaybeSeen: d.Redelivered || d.MessageID != "",
 			ProjectID: m.ProjectID,
 			GroupHash: m.Event.GroupHash,
 			UserID:    m.Event.UserID(),
