@@ -200,6 +200,25 @@ func (p *Publisher) DeclareDelay(ctx context.Context, name, target string, ttl t
 	})
 }
 
+// Depth is how many messages are ready in the queue name, for metrics. A
+// passive declare on a channel of its own: a missing queue closes only it.
+func (p *Publisher) Depth(ctx context.Context, name string) (int, error) {
+	pc, err := p.connection(ctx)
+	if err != nil {
+		return 0, err
+	}
+	ch, err := pc.conn.Channel()
+	if err != nil {
+		return 0, fmt.Errorf("open channel: %w", err)
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+	if err != nil {
+		return 0, fmt.Errorf("inspect queue %s: %w", name, err)
+	}
+	return q.Messages, nil
+}
+
 // Close closes the connection. Calls in flight fail; later calls return ErrClosed.
 func (p *Publisher) Close() error {
 	p.shutdown()

@@ -270,3 +270,26 @@ func TestPublishHonoursContextWhileBrokerIsUnreachable(t *testing.T) {
 		t.Errorf("after Close: %v, want ErrClosed", err)
 	}
 }
+
+func TestDepth(t *testing.T) {
+	b := newBroker(t)
+	q := b.queueName()
+	pub := newPublisher(t, queue.PublisherConfig{})
+	ctx := t.Context()
+	if err := pub.Declare(ctx, q, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(ctx, queue.Message{RoutingKey: q, Body: []byte("1")}, queue.Message{RoutingKey: q, Body: []byte("2")}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := pub.Depth(ctx, q); err != nil || n != 2 {
+		t.Errorf("Depth = %d, %v; want 2", n, err)
+	}
+	if _, err := pub.Depth(ctx, q+".missing"); err == nil {
+		t.Error("Depth of a missing queue did not fail")
+	}
+	// Publishing still works after the failed inspection.
+	if err := pub.Publish(ctx, queue.Message{RoutingKey: q, Body: []byte("3")}); err != nil {
+		t.Error(err)
+	}
+}
