@@ -84,7 +84,8 @@ type Rule struct {
 	// Channels are the enabled destinations, in ChannelNames order.
 	Channels []Channel
 	// Version changes whenever what the counter keeps for the rule would
-	// change meaning (windows, countBy), so edited rules start fresh counters.
+	// change meaning (window periods, countBy), so such an edit starts fresh
+	// counters; a threshold or cooldown edit keeps them.
 	Version string
 }
 
@@ -283,8 +284,10 @@ func knownChannel(name string) bool {
 func version(r *Rule) string {
 	h := sha256.New()
 	fmt.Fprintf(h, "%t|%t", r.OnlyNew, r.Users)
+	// Periods shape the stored buckets; thresholds and cooldowns do not, so
+	// editing those keeps the counts of a storm in progress.
 	for _, w := range r.Windows {
-		fmt.Fprintf(h, "|%d/%d", w.Threshold, w.Period.Milliseconds())
+		fmt.Fprintf(h, "|%d", w.Period.Milliseconds())
 	}
 	return hex.EncodeToString(h.Sum(nil)[:4])
 }

@@ -113,9 +113,13 @@ func TestVersionFollowsCounting(t *testing.T) {
 	a, _, _ := Compile("p", spec)
 	spec.Including = []string{"x"}
 	b, _, _ := Compile("p", spec)
+	spec.Threshold = 50
+	spec.Cooldown = 5000
+	b2, _, _ := Compile("p", spec)
 	spec.ThresholdPeriod = 120_000
 	c, _, _ := Compile("p", spec)
-	if a.Version != b.Version || a.Version == c.Version {
-		t.Errorf("versions %s %s %s: want a filter edit to keep counters and a period edit to reset them", a.Version, b.Version, c.Version)
+	if a.Version != b.Version || a.Version != b2.Version || a.Version == c.Version {
+		t.Errorf("versions %s %s %s %s: want filter, threshold and cooldown edits to keep counters and a period edit to reset them",
+			a.Version, b.Version, b2.Version, c.Version)
 	}
 }
