@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Runs every test of Klaxon against real Redis, RabbitMQ and FerretDB,
 # starting the services that do not answer. Extra arguments go to go test.
+#
+# A last phase, run alone once everything else has finished, restarts the
+# broker itself (rabbitmqctl stop_app / start_app): no other test may be
+# using RabbitMQ then.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/services.sh
 ensure_services
 go vet ./...
 go test -race -count=1 -timeout 12m "$@" ./...
+KLAXON_TEST_BROKER_RESTART=1 go test -race -count=1 -timeout 5m "$@" -run '^TestBrokerRestart$' ./cmd/worker

@@ -99,9 +99,15 @@ func dbName(uri string) string {
 	return path
 }
 
+// worker is one running worker of a harness.
+type worker struct {
+	// Addr is the worker's KLAXON_HTTP_ADDR: /metrics, /healthz, /readyz.
+	Addr string
+}
+
 // start runs a worker with the harness' settings until the test ends, and
 // waits until it is ready.
-func (h *harness) start() {
+func (h *harness) start() *worker {
 	h.t.Helper()
 	env := map[string]string{"KLAXON_HTTP_ADDR": freeAddr(h.t)}
 	for k, v := range h.env {
@@ -134,6 +140,7 @@ func (h *harness) start() {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
+	return &worker{Addr: cfg.HTTPAddr}
 }
 
 // project stores a Hawk project with rules and returns its id.

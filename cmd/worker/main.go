@@ -163,6 +163,9 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	srv := &http.Server{Addr: cfg.HTTPAddr, Handler: mux(reg, checks, m), ReadHeaderTimeout: 5 * time.Second}
 	tasks = append(tasks, func(ctx context.Context) error { return serve(ctx, srv, log) })
 	tasks = append(tasks, func(ctx context.Context) error { return watch(ctx, checks, m, log) })
+	tasks = append(tasks, func(ctx context.Context) error {
+		return depths(ctx, pub, []string{cfg.Queue, deliveryQueue(cfg)}, m)
+	})
 
 	log.Info("klaxon running", "role", cfg.Role, "queue", cfg.Queue, "http", cfg.HTTPAddr, "channels", channelNames(channels))
 	return runAll(ctx, tasks)
@@ -270,16 +273,46 @@ func check(ctx context.Context, checks map[string]func(context.Context) error, m
 	defer cancel()
 	report, ok := "", true
 	for _, name := range dependencies {
-		if err := checks[name](ctx); err != nil {
+		err := checks[name](ctx)
+		if err != nil {
 			ok = false
 			report += fmt.Sprintf("%s: %v\n", name, err)
-			m.Up.WithLabelValues(name).Set(0)
 		} else {
 			report += name + ": ok\n"
-			m.Up.WithLabelValues(name).Set(1)
+		}
+		// The rules' gauge follows each load (ruleCache): a failed load
+		// leaves the last good rules serving, ready but not up.
+		if name != "rules" {
+			m.Up.WithLabelValues(name).Set(boolFloat(err == nil))
 		}
 	}
 	return report, ok
+}
+
+// depths reports how many messages wait in each queue, every 5 s: how far
+// behind the workers are.
+func depths(ctx context.Context, pub *queue.Publisher, queues []string, m *metrics.Metrics) error {
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	for {
+		for _, q := range queues {
+			if n, err := pub.Depth(ctx, q); err == nil {
+				m.QueueDepth.WithLabelValues(q).Set(float64(n))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // watch checks the dependencies every few seconds, so that the metric and

@@ -55,13 +55,8 @@ func buckets(period time.Duration) int64 {
 type Event struct {
 	// ID identifies the message for de-duplication: a redelivered message
 	// with the same ID neither counts nor fires again, but gets its first
-	// firings back. Empty means no de-duplication.
-	ID string
-	// MaybeSeen says the event may have been counted before (a redelivery,
-	// or an id its producer may send twice), so its ID is looked up. An
-	// event without it is counted at once, and its ID only recorded: a
-	// first delivery cannot be a repeat.
-	MaybeSeen bool
+	// result back. Empty means no de-duplication.
+	ID        string
 	ProjectID string
 	GroupHash string
 	// UserID is counted by rules that count users; empty counts for nothing there.
@@ -230,7 +225,7 @@ func (e *Engine) args(c *call, events []Event) []any {
 		size += 4 + 4*len(r.Windows)
 	}
 	for _, i := range c.events {
-		size += 5 + len(events[i].Rules)
+		size += 4 + len(events[i].Rules)
 	}
 	args := make([]any, 0, size)
 	args = append(args, e.dedupTTL, len(c.rules))
@@ -252,11 +247,7 @@ func (e *Engine) args(c *call, events []Event) []any {
 		if !ev.Time.IsZero() {
 			ts = max(ev.Time.UnixMilli(), 0)
 		}
-		lookup := 0
-		if ev.MaybeSeen && ev.ID != "" {
-			lookup = 1
-		}
-		args = append(args, ev.ID, lookup, ts, ev.UserID, len(ev.Rules))
+		args = append(args, ev.ID, ts, ev.UserID, len(ev.Rules))
 		for _, r := range ev.Rules {
 			args = append(args, indexOf(c.rules, r)+1)
 		}

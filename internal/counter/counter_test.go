@@ -230,7 +230,7 @@ func TestRedeliveryIsIdempotent(t *testing.T) {
 	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
 	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 2, Period: 60_000}))
 	ev := func(id string) Event {
-		return Event{ID: id, MaybeSeen: true, ProjectID: project, GroupHash: "g", Rules: []*rules.Rule{rule}}
+		return Event{ID: id, ProjectID: project, GroupHash: "g", Rules: []*rules.Rule{rule}}
 	}
 	first := observe(t, e, ev("m1"), ev("m2"))
 	if !first[1].Outcomes[0].Fired {
@@ -376,7 +376,6 @@ func differential(t *testing.T, rdb redis.UniversalClient, streams int, seed uin
 			for i := range batch {
 				if len(sent) > 0 && rng.IntN(15) == 0 {
 					batch[i] = sent[rng.IntN(len(sent))] // a redelivery
-					batch[i].MaybeSeen = true
 					continue
 				}
 				switch rng.IntN(20) {
@@ -399,7 +398,6 @@ func differential(t *testing.T, rdb redis.UniversalClient, streams int, seed uin
 				}
 				batch[i] = Event{
 					ID:        fmt.Sprintf("m%d", len(sent)+i),
-					MaybeSeen: rng.IntN(2) == 0, // a first delivery, or one with a producer's id
 					ProjectID: project,
 					GroupHash: groups[rng.IntN(len(groups))],
 					UserID:    users[rng.IntN(len(users))],

@@ -32,7 +32,7 @@ func NewModel() *Model {
 // timestamp, or Redis' now), and returns what the engine must return.
 func (m *Model) Observe(ev Event, te time.Time) Result {
 	group := ev.ProjectID + "\x00" + ev.GroupHash
-	if ev.ID != "" && ev.MaybeSeen {
+	if ev.ID != "" {
 		if first, ok := m.seen[group+"\x00"+ev.ID]; ok {
 			return replay(first)
 		}

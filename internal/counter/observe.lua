@@ -7,9 +7,7 @@
 --          per rule:  key cooldown(ms) users(0|1) nwindows
 --                     per window: threshold period(ms) bucket(ms) nbuckets
 --          nevents
---          per event: id lookup(0|1) ts(ms, -1 = now) user nmatched rule-index...
---          An event is looked up among those seen only when lookup is 1 (it
---          may have been counted before); every event with an id is recorded.
+--          per event: id ts(ms, -1 = now) user nmatched rule-index...
 --
 -- Per rule the state is one string of little-endian integers, read with one
 -- GET and written with one SET:
@@ -37,6 +35,7 @@ local floor = math.floor
 local dedup_ttl = tonumber(a[1])
 local slot = floor(now / dedup_ttl)
 local dedup_cur = base .. ':m:' .. slot
+local dedup_prev = base .. ':m:' .. (slot - 1)
 
 local rules = {}
 local p = 3
@@ -171,19 +170,18 @@ local function save(rule)
 end
 
 -- First results of the event ids of this call seen within dedupTTL: two
--- HMGETs for the whole call rather than two lookups per event, and none
--- when no event may have been counted before.
+-- HMGETs for the whole call rather than two lookups per event.
 local nevents = tonumber(a[p])
 p = p + 1
 local seen, ids = {}, {}
 do
   local q = p
   for _ = 1, nevents do
-    if a[q + 1] == '1' then ids[#ids + 1] = a[q] end
-    q = q + 5 + tonumber(a[q + 4])
+    if a[q] ~= '' then ids[#ids + 1] = a[q] end
+    q = q + 4 + tonumber(a[q + 3])
   end
 end
-for _, key in ipairs(#ids > 0 and {base .. ':m:' .. (slot - 1), dedup_cur} or {}) do
+for _, key in ipairs({dedup_prev, dedup_cur}) do
   for lo = 1, #ids, 1000 do
     local chunk = {unpack(ids, lo, math.min(lo + 999, #ids))}
     local got = redis.call('HMGET', key, unpack(chunk))
@@ -196,8 +194,8 @@ end
 local out, n = {}, 0
 local remember = {}
 for _ = 1, nevents do
-  local id, ts, user, nm = a[p], tonumber(a[p + 2]), a[p + 3], tonumber(a[p + 4])
-  local first = p + 5
+  local id, ts, user, nm = a[p], tonumber(a[p + 1]), a[p + 2], tonumber(a[p + 3])
+  local first = p + 4
   p = first + nm
   local record = id ~= '' and seen[id]
   if record and not string.find(record, ',', 1, true) then

@@ -104,6 +104,15 @@ type Deliverer struct {
 	flush    *redis.Script
 	// token tells this process' claims from others'.
 	token string
+	// unrecorded holds the outcomes this process could not record (Redis
+	// failed right after a send), by claim key: when the job comes back,
+	// the outcome is recorded and the message is not sent again.
+	unrecorded sync.Map // string → unrecorded
+}
+
+type unrecorded struct {
+	state string
+	at    time.Time
 }
 
 // New returns a deliverer; channels are keyed by rules' channel names.
@@ -203,9 +212,23 @@ const (
 func (d *Deliverer) claimKey(id string) string { return d.cfg.Prefix + ":sent:" + id }
 
 // claim marks a notification as being sent by us. A claim left by a crashed
-// deliverer expires after twice the send timeout.
+// deliverer expires after twice the send timeout. The value found and its
+// TTL are read in one transaction: read one after the other, the holder
+// could record the notification as sent in between, and the record's TTL
+// (Keep, 48 h) would be taken for the claim's, parking the job for the
+// longest retry delay.
 func (d *Deliverer) claim(ctx context.Context, key, token string) (int, time.Duration, error) {
-	old, err := d.rdb.SetArgs(ctx, key, token, redis.SetArgs{Mode: "NX", Get: true, TTL: 2 * d.cfg.SendTimeout}).Result()
+	var set *redis.StatusCmd
+	var ttl *redis.DurationCmd
+	_, err := d.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		set = p.SetArgs(ctx, key, token, redis.SetArgs{Mode: "NX", Get: true, TTL: 2 * d.cfg.SendTimeout})
+		ttl = p.PTTL(ctx, key)
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return 0, 0, fmt.Errorf("claim %s: %w", key, err)
+	}
+	old, err := set.Result()
 	switch {
 	case errors.Is(err, redis.Nil):
 		return claimed, 0, nil
@@ -214,11 +237,7 @@ func (d *Deliverer) claim(ctx context.Context, key, token string) (int, time.Dur
 	case old == token:
 		return claimed, 0, nil // our own claim, from a failed try of this batch
 	case len(old) > 2 && old[:2] == "c:":
-		ttl, err := d.rdb.PTTL(ctx, key).Result()
-		if err != nil {
-			return 0, 0, fmt.Errorf("claim %s: %w", key, err)
-		}
-		return busy, max(ttl, 0), nil
+		return busy, max(ttl.Val(), 0), nil
 	}
 	return done, 0, nil
 }
@@ -234,6 +253,9 @@ func (d *Deliverer) record(ctx context.Context, key, state string) error {
 func (d *Deliverer) deliver(ctx context.Context, job *Job, token string) error {
 	n := job.Notification
 	key := d.claimKey(job.Key())
+	if ok, err := d.settled(ctx, key); ok {
+		return err
+	}
 	state, wait, err := d.claim(ctx, key, token)
 	if err != nil {
 		return err
@@ -320,6 +342,9 @@ func (d *Deliverer) deliverDigest(ctx context.Context, job *Job, token string) e
 	})
 	msg := digestMessage(job, ns)
 	key := d.claimKey(msg.ID + ":" + job.Channel)
+	if ok, err := d.settled(ctx, key, keys[2]); ok {
+		return err
+	}
 	state, wait, err := d.claim(ctx, key, token)
 	if err != nil {
 		return err
@@ -369,6 +394,13 @@ func digestMessage(job *Job, ns []notify.Notification) *notify.Message {
 // scheduled for a retry (after release drops the claim), or recorded as
 // failed. Keys in cleanup are deleted once the message is settled.
 func (d *Deliverer) send(ctx context.Context, job *Job, key string, msg *notify.Message, release func(context.Context) error, cleanup ...string) error {
+	// ctx ends when the broker channel that delivered the job dies, not
+	// only when the worker stops. A send the provider may already have
+	// taken must not be cut off then, nor its outcome go unrecorded: the
+	// job comes again, and would be sent again. So the send and what
+	// follows it get sendGrace after ctx ends.
+	ctx, cancel := withGrace(ctx, sendGrace)
+	defer cancel()
 	if limits := d.cfg.Limits[job.Channel]; len(limits) > 0 {
 		dest := sha256.Sum256([]byte(job.Endpoint)) // the endpoint may be a secret
 		dec, err := d.limiter.Allow(ctx, job.Channel+":"+hex.EncodeToString(dest[:12]), limits...)
@@ -399,18 +431,21 @@ func (d *Deliverer) send(ctx context.Context, job *Job, key string, msg *notify.
 	log := d.log.With("channel", job.Channel, "project", job.ProjectID, "rule", job.RuleID,
 		"notification_id", msg.ID, "firings", len(msg.Notifications), "attempt", job.Attempt+1)
 	if err == nil {
-		if err := d.record(ctx, key, "sent"); err != nil {
-			return err
-		}
 		d.metrics.Notifications.WithLabelValues(job.Channel, "sent").Inc()
 		for _, n := range msg.Notifications {
 			d.metrics.DeliveryLatency.WithLabelValues(job.Channel).Observe(time.Since(n.FiredAt).Seconds())
 		}
 		log.Info("notification sent", "took_ms", time.Since(start).Milliseconds())
+		if err := d.record(ctx, key, "sent"); err != nil {
+			d.remember(key, "sent")
+			return err
+		}
 		return d.cleanup(ctx, cleanup)
 	}
 	if ctx.Err() != nil {
-		// Stopping: the job is not acked and comes again.
+		// Cut short: the provider may or may not have the message. The
+		// claim stays until it expires, then the job, which was not acked
+		// and comes again, is sent again.
 		return ctx.Err()
 	}
 	if retry && job.Attempt+1 < d.cfg.MaxAttempts {
@@ -448,9 +483,60 @@ func (d *Deliverer) send(ctx context.Context, job *Job, key string, msg *notify.
 		return fmt.Errorf("record failed notification: %w", err)
 	}
 	if err := d.record(ctx, key, "failed"); err != nil {
+		d.remember(key, "failed")
 		return err
 	}
 	return d.cleanup(ctx, cleanup)
+}
+
+// remember keeps an outcome that could not be recorded, for settled.
+// Outcomes older than Keep are forgotten: their job went elsewhere.
+func (d *Deliverer) remember(key, state string) {
+	now := time.Now()
+	d.unrecorded.Range(func(k, v any) bool {
+		if now.Sub(v.(unrecorded).at) > d.cfg.Keep {
+			d.unrecorded.Delete(k)
+		}
+		return true
+	})
+	d.unrecorded.Store(key, unrecorded{state: state, at: now})
+}
+
+// settled records the outcome of an earlier try of this job that could not
+// be recorded then, and deletes the keys in cleanup. ok reports whether
+// there was one: then the job is done once err is nil.
+func (d *Deliverer) settled(ctx context.Context, key string, cleanup ...string) (ok bool, err error) {
+	v, ok := d.unrecorded.Load(key)
+	if !ok {
+		return false, nil
+	}
+	if err := d.record(ctx, key, v.(unrecorded).state); err != nil {
+		return true, err
+	}
+	d.unrecorded.Delete(key)
+	d.log.Info("recorded a notification's outcome after Redis failed", "outcome", v.(unrecorded).state)
+	return true, d.cleanup(ctx, cleanup)
+}
+
+// sendGrace is how long a send under way, and the record of its outcome,
+// may go on once the job's context has ended. With the consumer's stop
+// grace (5 s), a stopping worker still exits within 10 s.
+const sendGrace = 3 * time.Second
+
+// withGrace returns a context that ends grace after ctx does (or when
+// cancel is called), with ctx's values.
+func withGrace(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
+	gctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-gctx.Done():
+		}
+	})
+	return gctx, func() { stop(); cancel() }
 }
 
 func (d *Deliverer) cleanup(ctx context.Context, keys []string) error {

@@ -90,9 +90,13 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 			continue
 		}
 		events = append(events, counter.Event{
-			ID: messageID(d),
-			// A first delivery without a producer's id cannot be a repeat.
-			MaybeSeen: d.Redelivered || d.MessageID != "",
+			// Every event is looked up by this id, first deliveries
+			// included: a producer publishes again what the broker did not
+			// confirm (a broker restart does that), and Hawk's messages
+			// carry no message-id; a batch tried again may have been
+			// counted by a try whose reply was lost, and a Redis client
+			// may send a script again after a lost reply.
+			ID:        messageID(d),
 			ProjectID: m.ProjectID,
 			GroupHash: m.Event.GroupHash,
 			UserID:    m.Event.UserID(),

@@ -36,6 +36,8 @@ type SlackRequest struct {
 	Text   string           // the payload's "text"
 	Blocks []map[string]any // the payload's "blocks", decoded
 	Status int              // what the fake answered
+	// Received is when the request arrived, before its body was read.
+	Received time.Time
 }
 
 // NewSlackServer starts a fake Slack webhook, closed when the test ends.
@@ -65,8 +67,9 @@ func (s *SlackServer) WaitFor(n int, timeout time.Duration) ([]SlackRequest, err
 }
 
 func (s *SlackServer) serve(w http.ResponseWriter, r *http.Request) {
+	received := time.Now()
 	body, _ := io.ReadAll(r.Body)
-	req := SlackRequest{Header: r.Header.Clone(), Body: body}
+	req := SlackRequest{Header: r.Header.Clone(), Body: body, Received: received}
 	status, reason := s.answer(r, &req)
 	if status == http.StatusOK {
 		if f, ok := s.fails.pop(); ok {

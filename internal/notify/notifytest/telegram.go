@@ -49,6 +49,8 @@ type TelegramRequest struct {
 	Status  int        // the HTTP status the fake answered
 	// Description is the Bot API's description of an error answer.
 	Description string
+	// Received is when the call arrived, before its parameters were read.
+	Received time.Time
 }
 
 // NewTelegramServer starts a fake Bot API for the bot with this token,
@@ -93,7 +95,7 @@ type apiRetryParams struct {
 }
 
 func (s *TelegramServer) serve(w http.ResponseWriter, r *http.Request) {
-	req := TelegramRequest{Params: url.Values{}}
+	req := TelegramRequest{Params: url.Values{}, Received: time.Now()}
 	rest, found := strings.CutPrefix(r.URL.Path, "/bot")
 	token, method, _ := strings.Cut(rest, "/")
 	req.Method = method

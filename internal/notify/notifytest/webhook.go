@@ -30,6 +30,8 @@ type WebhookRequest struct {
 	Header http.Header
 	Body   []byte
 	Status int // what the sink answered
+	// Received is when the request arrived, before its body was read.
+	Received time.Time
 }
 
 // JSON decodes the request body into v.
@@ -62,8 +64,9 @@ func (s *WebhookSink) WaitFor(n int, timeout time.Duration) ([]WebhookRequest, e
 }
 
 func (s *WebhookSink) serve(w http.ResponseWriter, r *http.Request) {
+	received := time.Now()
 	body, _ := io.ReadAll(r.Body)
-	req := WebhookRequest{Method: r.Method, Path: r.URL.Path, Header: r.Header.Clone(), Body: body, Status: http.StatusOK}
+	req := WebhookRequest{Method: r.Method, Path: r.URL.Path, Header: r.Header.Clone(), Body: body, Status: http.StatusOK, Received: received}
 	f, failed := s.fails.pop()
 	if failed {
 		req.Status = f.Status
