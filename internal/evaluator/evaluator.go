@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/klaxonhq/klaxon/internal/counter"
@@ -60,33 +61,43 @@ type Evaluator struct {
 func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 	var (
 		out    []queue.Message
-		events []counter.Event
-		msgs   []event.Message // parallel to events
-		tally  = map[string]int{}
+		events = make([]counter.Event, 0, len(b.Deliveries))
+		msgs   = make([]event.Message, 0, len(b.Deliveries)) // parallel to events
+		// matched holds every event's matched rules back to back; each
+		// event's Rules is a full slice expression of it, so appending
+		// for the next event never writes into an earlier one's.
+		matched []*rules.Rule
+		tally   tally
 	)
-	for _, d := range b.Deliveries {
+	for i := range b.Deliveries {
+		d := &b.Deliveries[i]
 		m, err := event.Decode(d.Body)
 		if err != nil {
 			dl := d.Message(e.DeadQueue)
 			dl.Headers[ErrorHeader] = err.Error()
 			out = append(out, dl)
-			tally["dead"]++
+			tally[outDead]++
 			e.Log.Warn("dead-lettered a message", "queue", e.DeadQueue, "message_id", d.MessageID, "error", err)
 			continue
 		}
 		projectRules := e.Rules.Rules(m.ProjectID)
 		if len(projectRules) == 0 {
-			tally["no_rules"]++
+			tally[outNoRules]++
 			continue
 		}
-		var matched []*rules.Rule
+		// Matches lower-cases the title for every rule with a filter: do it
+		// once here, and Matches' own strings.ToLower of a lower-case title
+		// returns it as is, without allocating (lower-casing is idempotent,
+		// see TestLowerCaseIsIdempotent).
+		lower := strings.ToLower(m.Event.Title)
+		first := len(matched)
 		for _, r := range projectRules {
-			if r.Matches(m.Event.Title, m.Event.IsNew) {
+			if r.Matches(lower, m.Event.IsNew) {
 				matched = append(matched, r)
 			}
 		}
-		if len(matched) == 0 {
-			tally["unmatched"]++
+		if len(matched) == first {
+			tally[outUnmatched]++
 			continue
 		}
 		events = append(events, counter.Event{
@@ -101,7 +112,7 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 			GroupHash: m.Event.GroupHash,
 			UserID:    m.Event.UserID(),
 			Time:      m.Event.Time(),
-			Rules:     matched,
+			Rules:     matched[first:len(matched):len(matched)],
 		})
 		msgs = append(msgs, m)
 	}
@@ -129,20 +140,48 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 	return nil
 }
 
+// Outcomes of incoming events: the values of klaxon_events_total's label.
+const (
+	outCounted = iota
+	outDuplicate
+	outUnmatched
+	outNoRules
+	outDead
+	outcomes
+)
+
+// tally counts a batch's events by outcome.
+type tally [outcomes]int
+
+func outcomeName(o int) string {
+	switch o {
+	case outCounted:
+		return "counted"
+	case outDuplicate:
+		return "duplicate"
+	case outUnmatched:
+		return "unmatched"
+	case outNoRules:
+		return "no_rules"
+	}
+	return "dead"
+}
+
 // record counts a finished batch in the metrics and logs its firings; a
 // batch that failed and comes again is thus counted once.
-func (e *Evaluator) record(tally map[string]int, events []counter.Event, results []counter.Result) {
+func (e *Evaluator) record(tally tally, events []counter.Event, results []counter.Result) {
+	evaluated := 0
 	for i, res := range results {
 		ev := &events[i]
 		if res.Duplicate {
-			tally["duplicate"]++
+			tally[outDuplicate]++
 		} else {
-			tally["counted"]++
+			tally[outCounted]++
 			if !ev.Time.IsZero() {
 				e.Metrics.EventLag.Observe(time.Since(ev.Time).Seconds())
 			}
 		}
-		e.Metrics.RulesEvaluated.Add(float64(len(res.Outcomes)))
+		evaluated += len(res.Outcomes)
 		for k := range res.Outcomes {
 			o := &res.Outcomes[k]
 			if !o.Fired {
@@ -160,8 +199,13 @@ func (e *Evaluator) record(tally map[string]int, events []counter.Event, results
 				"channels", len(o.Rule.Channels), "replayed", res.Duplicate)
 		}
 	}
+	if evaluated > 0 {
+		e.Metrics.RulesEvaluated.Add(float64(evaluated))
+	}
 	for outcome, n := range tally {
-		e.Metrics.Events.WithLabelValues(outcome).Add(float64(n))
+		if n > 0 {
+			e.Metrics.Events.WithLabelValues(outcomeName(outcome)).Add(float64(n))
+		}
 	}
 }
 
@@ -235,10 +279,13 @@ func Notification(ev *counter.Event, m *event.Message, o *counter.Outcome) notif
 // messageID identifies a delivery for de-duplication: its AMQP message-id,
 // or else a hash of its body. Hawk's messages differ by repetitionId, so
 // equal bodies are the same message.
-func messageID(d queue.Delivery) string {
+func messageID(d *queue.Delivery) string {
 	if d.MessageID != "" && len(d.MessageID) <= 128 {
 		return "id:" + d.MessageID
 	}
 	sum := sha256.Sum256(d.Body)
-	return "h:" + hex.EncodeToString(sum[:12])
+	var id [2 + 24]byte // "h:" and 12 bytes in hex: one allocation, the string
+	copy(id[:], "h:")
+	hex.Encode(id[2:], sum[:12])
+	return string(id[:])
 }

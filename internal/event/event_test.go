@@ -63,3 +63,16 @@ func TestHugeTitleTruncated(t *testing.T) {
 		t.Errorf("title of %d bytes ends %q", len(m.Event.Title), m.Event.Title[len(m.Event.Title)-8:])
 	}
 }
+
+// BenchmarkDecode decodes a typical Hawk notifier message.
+//
+//	go test -run '^$' -bench Decode -benchmem ./internal/event
+func BenchmarkDecode(b *testing.B) {
+	body := []byte(`{"projectId":"5e3eef0679fa3700a0198a49","event":{"title":"TypeError: Cannot read properties of undefined (reading 'id') [17]","groupHash":"9f2c1a0b7e5d4c3b2a190817263544536271809a0b1c2d3e4f5061728394a5b6","isNew":false,"repetitionId":"0000000100000000000004d2"}}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Decode(body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,274 @@
+package evaluator_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/klaxonhq/klaxon/internal/counter"
+	"github.com/klaxonhq/klaxon/internal/deliverer"
+	"github.com/klaxonhq/klaxon/internal/evaluator"
+	"github.com/klaxonhq/klaxon/internal/metrics"
+	"github.com/klaxonhq/klaxon/internal/queue"
+	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/store"
+)
+
+const (
+	project = "5e3eef0679fa3700a0198a49"
+	other   = "5e3eef0679fa3700a0198a4a" // a project without rules
+)
+
+// fakeCounter records what it is asked and fires the rules named in fire.
+type fakeCounter struct {
+	calls  [][]counter.Event
+	fire   map[string]bool // rule ids that fire at every event
+	err    error
+	reuse  []counter.Result
+	record bool
+}
+
+func (f *fakeCounter) Observe(_ context.Context, events []counter.Event) ([]counter.Result, error) {
+	if f.err != nil {
+		return nil, f.err
+	}
+	if f.record {
+		cp := make([]counter.Event, len(events))
+		copy(cp, events)
+		f.calls = append(f.calls, cp)
+	}
+	if cap(f.reuse) < len(events) {
+		f.reuse = make([]counter.Result, len(events))
+	}
+	res := f.reuse[:len(events)]
+	for i := range events {
+		ev := &events[i]
+		if cap(res[i].Outcomes) < len(ev.Rules) {
+			res[i].Outcomes = make([]counter.Outcome, len(ev.Rules))
+		}
+		res[i].Outcomes = res[i].Outcomes[:len(ev.Rules)]
+		for k, r := range ev.Rules {
+			o := counter.Outcome{Rule: r, Window: -1}
+			if f.fire[r.ID] {
+				o.Fired, o.ID, o.At, o.Window = true, "firing-"+r.ID, time.UnixMilli(1_700_000_000_000), 0
+				o.Counts = make([]int64, len(r.Windows))
+			}
+			res[i].Outcomes[k] = o
+		}
+	}
+	return res, nil
+}
+
+type fakePublisher struct{ msgs []queue.Message }
+
+func (p *fakePublisher) Publish(_ context.Context, msgs ...queue.Message) error {
+	p.msgs = append(p.msgs, msgs...)
+	return nil
+}
+
+func value(t testing.TB, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+func compile(t testing.TB, projects map[string][]rules.Spec) *store.Snapshot {
+	t.Helper()
+	snap := store.Compile(store.Specs{Projects: projects}, time.Now())
+	for _, p := range snap.Problems() {
+		if p.Skipped {
+			t.Fatalf("rule skipped: %v", p)
+		}
+	}
+	return snap
+}
+
+func webhook() map[string]rules.ChannelSpec {
+	return map[string]rules.ChannelSpec{rules.Webhook: {IsEnabled: true, Endpoint: "http://127.0.0.1:1/hook"}}
+}
+
+func newEvaluator(snap *store.Snapshot, c evaluator.Counter, p evaluator.Publisher) (*evaluator.Evaluator, *metrics.Metrics) {
+	m := metrics.New(prometheus.NewRegistry())
+	return &evaluator.Evaluator{
+		Rules: snap, Counter: c, Publisher: p, DeadQueue: "events.dead", DeliveryQueue: "k.deliveries",
+		Log: slog.New(slog.DiscardHandler), Metrics: m,
+	}, m
+}
+
+func delivery(body string, id string) queue.Delivery {
+	return queue.Delivery{Body: []byte(body), MessageID: id}
+}
+
+func hawk(projectID, title, group string, isNew bool) string {
+	return fmt.Sprintf(`{"projectId":%q,"event":{"title":%q,"groupHash":%q,"isNew":%t,"repetitionId":null}}`, projectID, title, group, isNew)
+}
+
+func TestHandleRoutesEveryKindOfMessage(t *testing.T) {
+	snap := compile(t, map[string][]rules.Spec{project: {
+		{ID: "db", IsEnabled: true, WhatToReceive: rules.SeenMore, Including: []string{"Database"}, Threshold: 2, ThresholdPeriod: 60_000, Channels: webhook()},
+		{ID: "new", IsEnabled: true, WhatToReceive: rules.OnlyNew, Excluding: []string{"STAGING"}, Channels: webhook()},
+	}})
+	fc := &fakeCounter{fire: map[string]bool{"new": true}, record: true}
+	pub := &fakePublisher{}
+	e, m := newEvaluator(snap, fc, pub)
+
+	b := &queue.Batch{Deliveries: []queue.Delivery{
+		delivery(hawk(project, "DATABASE down", "g1", false), "m1"),          // db
+		delivery(`not json`, "m2"),                                           // dead
+		delivery(hawk(other, "x", "g2", true), ""),                           // no rules
+		delivery(hawk(project, "TypeError", "g3", false), ""),                // unmatched
+		delivery(hawk(project, "database on Staging", "g4", true), ""),       // db only (new excluded)
+		delivery(hawk(project, "TypeError: new one", "g5", true), "m6"),      // new: fires
+		delivery(hawk(strings.ToUpper(project), "Database", "g6", true), ""), // both; upper-case project id
+	}}
+	if err := e.Handle(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	if len(fc.calls) != 1 {
+		t.Fatalf("%d counter calls, want 1", len(fc.calls))
+	}
+	evs := fc.calls[0]
+	var got []string
+	for _, ev := range evs {
+		var ids []string
+		for _, r := range ev.Rules {
+			ids = append(ids, r.ID)
+		}
+		got = append(got, ev.GroupHash+"="+strings.Join(ids, "+"))
+	}
+	if want := "g1=db g4=db g5=new g6=db+new"; strings.Join(got, " ") != want {
+		t.Errorf("counted %q, want %q", strings.Join(got, " "), want)
+	}
+	if evs[0].ID != "id:m1" || !strings.HasPrefix(evs[1].ID, "h:") || len(evs[1].ID) != 2+24 {
+		t.Errorf("event ids %q %q", evs[0].ID, evs[1].ID)
+	}
+	if evs[0].ProjectID != project || !evs[0].Time.IsZero() {
+		t.Errorf("event 0 = %+v", evs[0])
+	}
+
+	var dead, jobs int
+	for _, msg := range pub.msgs {
+		switch msg.RoutingKey {
+		case "events.dead":
+			dead++
+			if msg.Headers[evaluator.ErrorHeader] == nil || string(msg.Body) != "not json" {
+				t.Errorf("dead letter %+v", msg)
+			}
+		case "k.deliveries":
+			jobs++
+			job, err := deliverer.DecodeJob(msg.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if job.RuleID != "new" || job.Notification.Type != "new" || job.Notification.ID != "firing-new" {
+				t.Errorf("job %+v", job)
+			}
+		}
+	}
+	if dead != 1 || jobs != 2 {
+		t.Errorf("%d dead letters and %d jobs, want 1 and 2", dead, jobs)
+	}
+	for outcome, want := range map[string]float64{"counted": 4, "dead": 1, "no_rules": 1, "unmatched": 1} {
+		if got := value(t, m.Events.WithLabelValues(outcome)); got != want {
+			t.Errorf("events{outcome=%q} = %v, want %v", outcome, got, want)
+		}
+	}
+}
+
+// The same body without a message id gets the same id: it is the same message.
+func TestHandleHashesBodiesWithoutID(t *testing.T) {
+	snap := compile(t, map[string][]rules.Spec{project: {
+		{ID: "all", IsEnabled: true, WhatToReceive: rules.SeenMore, Threshold: 10, ThresholdPeriod: 60_000, Channels: webhook()},
+	}})
+	fc := &fakeCounter{record: true}
+	e, _ := newEvaluator(snap, fc, &fakePublisher{})
+	body := hawk(project, "t", "g", false)
+	long := strings.Repeat("x", 129)
+	b := &queue.Batch{Deliveries: []queue.Delivery{delivery(body, ""), delivery(body, ""), delivery(body, long), delivery(hawk(project, "t", "h", false), "")}}
+	if err := e.Handle(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	evs := fc.calls[0]
+	if evs[0].ID != evs[1].ID || evs[0].ID != evs[2].ID || evs[0].ID == evs[3].ID {
+		t.Errorf("ids %q %q %q %q: want the first three equal, the last different", evs[0].ID, evs[1].ID, evs[2].ID, evs[3].ID)
+	}
+}
+
+func TestHandleCounterErrorHoldsTheBatch(t *testing.T) {
+	snap := compile(t, map[string][]rules.Spec{project: {
+		{ID: "all", IsEnabled: true, WhatToReceive: rules.SeenMore, Threshold: 10, ThresholdPeriod: 60_000, Channels: webhook()},
+	}})
+	pub := &fakePublisher{}
+	e, m := newEvaluator(snap, &fakeCounter{err: fmt.Errorf("redis down")}, pub)
+	b := &queue.Batch{Deliveries: []queue.Delivery{delivery(`nope`, ""), delivery(hawk(project, "t", "g", false), "")}}
+	if err := e.Handle(context.Background(), b); err == nil || !strings.Contains(err.Error(), "redis down") {
+		t.Fatalf("Handle = %v, want the counter's error", err)
+	}
+	if len(pub.msgs) != 0 || value(t, m.Events.WithLabelValues("dead")) != 0 {
+		t.Errorf("a failed batch published %d messages or counted metrics", len(pub.msgs))
+	}
+}
+
+// BenchmarkHandle is the evaluator's own cost per event (decode, rules,
+// matching, building the counter's input, metrics), with a counter and a
+// publisher that do nothing: 256 Hawk messages per batch over 100
+// projects × 4 rules, as cmd/bench generates them.
+//
+//	go test -run '^$' -bench Handle -benchmem ./internal/evaluator
+func BenchmarkHandle(b *testing.B) {
+	projects := map[string][]rules.Spec{}
+	var ids []string
+	for p := range 100 {
+		id := fmt.Sprintf("5e3eef0679fa3700a01%05x", p)
+		ids = append(ids, id)
+		projects[id] = []rules.Spec{
+			{ID: "r0", IsEnabled: true, WhatToReceive: rules.SeenMore, Threshold: 100, ThresholdPeriod: 60_000, Channels: webhook()},
+			{ID: "r1", IsEnabled: true, WhatToReceive: rules.SeenMore, Including: []string{"error"},
+				Windows: []rules.WindowSpec{{Threshold: 200, Period: 60_000}, {Threshold: 1000, Period: 600_000}}, Channels: webhook()},
+			{ID: "r2", IsEnabled: true, WhatToReceive: rules.SeenMore, Excluding: []string{"staging"}, Threshold: 1000, ThresholdPeriod: 3_600_000, Channels: webhook()},
+			{ID: "r3", IsEnabled: true, WhatToReceive: rules.OnlyNew, Including: []string{"database"}, Channels: webhook()},
+		}
+	}
+	snap := compile(b, projects)
+	e, _ := newEvaluator(snap, &fakeCounter{}, &fakePublisher{})
+	batch := &queue.Batch{}
+	for i := range 256 {
+		rep := fmt.Sprintf("%024x", i)
+		body := fmt.Sprintf(`{"projectId":%q,"event":{"title":"TypeError: Cannot read properties of undefined (reading 'id') [%d]","groupHash":"%064x","isNew":false,"repetitionId":%q}}`,
+			ids[i%len(ids)], i%1000, i%1000, rep)
+		batch.Deliveries = append(batch.Deliveries, queue.Delivery{Body: []byte(body), DeliveryTag: uint64(i + 1)})
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := e.Handle(ctx, batch); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(batch.Deliveries)), "ns/event")
+}
+
+// The evaluator lower-cases a title once and hands the result to
+// rules.Matches, which lower-cases it again: that must change nothing.
+func TestLowerCaseIsIdempotent(t *testing.T) {
+	for r := rune(0); r <= unicode.MaxRune; r++ {
+		if !utf8.ValidRune(r) {
+			continue
+		}
+		once := strings.ToLower(string(r))
+		if twice := strings.ToLower(once); twice != once {
+			t.Errorf("ToLower(ToLower(%U)) = %q, ToLower once = %q", r, twice, once)
+		}
+	}
+}
