@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"sync"
@@ -160,7 +161,12 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			return nil
 		},
 	}
-	srv := &http.Server{Addr: cfg.HTTPAddr, Handler: mux(reg, checks, m), ReadHeaderTimeout: 5 * time.Second}
+	handler := mux(reg, checks, m)
+	if cfg.Pprof {
+		servePprof(handler)
+		log.Warn("profiler on: /debug/pprof/ is served", "http", cfg.HTTPAddr)
+	}
+	srv := &http.Server{Addr: cfg.HTTPAddr, Handler: handler, ReadHeaderTimeout: 5 * time.Second}
 	tasks = append(tasks, func(ctx context.Context) error { return serve(ctx, srv, log) })
 	tasks = append(tasks, func(ctx context.Context) error { return watch(ctx, checks, m, log) })
 	tasks = append(tasks, func(ctx context.Context) error {
@@ -216,7 +222,11 @@ func ruleCache(cfg config.Config, log *slog.Logger, m *metrics.Metrics) (*store.
 // no settings; email and Telegram are there only when configured, and a
 // rule using them elsewhere fails its deliveries with a clear reason.
 func buildChannels(cfg config.Config) (map[string]notify.Channel, error) {
-	client := &http.Client{Timeout: cfg.SendTimeout}
+	// The deliverer sends up to a batch (64) at once, often to one host:
+	// keep that many connections open instead of net/http's 2 per host.
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.MaxIdleConnsPerHost = 64
+	client := &http.Client{Timeout: cfg.SendTimeout, Transport: transport}
 	channels := map[string]notify.Channel{
 		rules.Webhook: webhook.New(client),
 		rules.Slack:   slack.New(client),
@@ -355,6 +365,15 @@ func mux(reg *prometheus.Registry, checks map[string]func(context.Context) error
 		fmt.Fprint(w, report)
 	})
 	return mux
+}
+
+// servePprof adds Go's profiler (KLAXON_PPROF) to mux under /debug/pprof/.
+func servePprof(mux *http.ServeMux) {
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 }
 
 func serve(ctx context.Context, srv *http.Server, log *slog.Logger) error {

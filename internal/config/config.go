@@ -48,6 +48,7 @@ const (
 	EnvDedupTTL       = "KLAXON_DEDUP_TTL"
 	EnvRulesRefresh   = "KLAXON_RULES_REFRESH"
 	EnvSendTimeout    = "KLAXON_SEND_TIMEOUT"
+	EnvPprof          = "KLAXON_PPROF"
 )
 
 // Hawk's names for the same settings, and the defaults.
@@ -108,6 +109,7 @@ func Variables() []Variable {
 		{EnvDedupTTL, "", "10m", false, "how long an AMQP message-id is remembered for de-duplication"},
 		{EnvRulesRefresh, "", "5s", false, "how often rules are reloaded from MongoDB or the file"},
 		{EnvSendTimeout, "", "10s", false, "time limit of one delivery attempt to a provider"},
+		{EnvPprof, "", "false", false, "serve Go's profiler (net/http/pprof) under /debug/pprof/ on KLAXON_HTTP_ADDR"},
 	}
 }
 
@@ -140,6 +142,7 @@ type Config struct {
 	DedupTTL      time.Duration // KLAXON_DEDUP_TTL, > 0
 	RulesRefresh  time.Duration // KLAXON_RULES_REFRESH, > 0
 	SendTimeout   time.Duration // KLAXON_SEND_TIMEOUT, > 0
+	Pprof         bool          // KLAXON_PPROF: serve /debug/pprof/ on HTTPAddr
 }
 
 // EmailEnabled reports whether the email channel is configured.
@@ -287,6 +290,7 @@ func Load(getenv func(string) string) (Config, error) {
 	c.DedupTTL = l.duration(EnvDedupTTL, defaultDedupTTL)
 	c.RulesRefresh = l.duration(EnvRulesRefresh, defaultRefresh)
 	c.SendTimeout = l.duration(EnvSendTimeout, defaultSendTimeout)
+	c.Pprof = l.boolean(EnvPprof)
 
 	switch len(l.errs) {
 	case 0:
@@ -578,6 +582,20 @@ func (l *loader) batching() (prefetch, batch int) {
 		}
 	}
 	return prefetch, batch
+}
+
+// boolean reads a true/false variable (1, t, true, 0, f, false, any case);
+// unset is false.
+func (l *loader) boolean(name string) bool {
+	s := l.lookup(name, "", false)
+	if !s.set() {
+		return false
+	}
+	b, err := strconv.ParseBool(s.value)
+	if err != nil {
+		l.fail(s, fmt.Sprintf("%q is not true or false", s.value))
+	}
+	return b
 }
 
 func (l *loader) duration(name string, def time.Duration) time.Duration {

@@ -188,6 +188,8 @@ func TestLoadValues(t *testing.T) {
 			func(c Config) bool { return c.TelegramEnabled() && c.TelegramAPI == "http://127.0.0.1:8081" }},
 		{"rules file", map[string]string{EnvRulesFile: "/etc/klaxon/rules.yaml"}, func(c Config) bool { return c.RulesFile == "/etc/klaxon/rules.yaml" }},
 		{"prefix", map[string]string{EnvPrefix: "klaxon-staging:v2"}, func(c Config) bool { return c.Prefix == "klaxon-staging:v2" }},
+		{"pprof", map[string]string{EnvPprof: "TRUE"}, func(c Config) bool { return c.Pprof }},
+		{"pprof off", map[string]string{EnvPprof: "0"}, func(c Config) bool { return !c.Pprof }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -263,6 +265,7 @@ func TestLoadInvalid(t *testing.T) {
 		{map[string]string{EnvDedupTTL: "24"}, EnvDedupTTL, "not a duration"},
 		{map[string]string{EnvRulesRefresh: "0s"}, EnvRulesRefresh, "not positive"},
 		{map[string]string{EnvSendTimeout: "-1s"}, EnvSendTimeout, "not positive"},
+		{map[string]string{EnvPprof: "yes"}, EnvPprof, `"yes" is not true or false`},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprint(tt.env), func(t *testing.T) {

@@ -38,6 +38,7 @@ func (c Config) attrs() []slog.Attr {
 		slog.Duration("dedup_ttl", c.DedupTTL),
 		slog.Duration("rules_refresh", c.RulesRefresh),
 		slog.Duration("send_timeout", c.SendTimeout),
+		slog.Bool("pprof", c.Pprof),
 	}
 }
 
