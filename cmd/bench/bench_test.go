@@ -1,0 +1,371 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/klaxonhq/klaxon/internal/event"
+	"github.com/klaxonhq/klaxon/internal/store"
+	"github.com/klaxonhq/klaxon/internal/testenv"
+)
+
+func TestParseStatCPU(t *testing.T) {
+	// The command name may hold spaces and parentheses.
+	stat := "4242 (my (odd) proc) S 1 4242 4242 0 -1 4194560 3125 0 0 0 170 45 0 0 20 0 9 0 1234 1000000 2000 18446744073709551615\n"
+	got, err := parseStatCPU([]byte(stat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 215 * clockTick; got != want {
+		t.Errorf("cpu = %v, want %v", got, want)
+	}
+	for _, bad := range []string{"", "12 (x S 1 2", "12 (x) S 1 2 3", "12 (x) S 1 2 3 4 5 6 7 8 9 10 x 4"} {
+		if _, err := parseStatCPU([]byte(bad)); err == nil {
+			t.Errorf("parseStatCPU(%q) succeeded", bad)
+		}
+	}
+}
+
+func TestParseStatusKB(t *testing.T) {
+	status := "Name:\tklaxon\nVmPeak:\t 1234 kB\nVmHWM:\t   35120 kB\nVmRSS:\t   30000 kB\n"
+	got, err := parseStatusKB([]byte(status), "VmHWM")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != 35120<<10 {
+		t.Errorf("VmHWM = %d, want %d", got, 35120<<10)
+	}
+	if _, err := parseStatusKB([]byte(status), "VmSwap"); err == nil {
+		t.Error("a missing field was found")
+	}
+}
+
+func TestProcessCPUOfSelf(t *testing.T) {
+	if _, err := processCPU(1 << 30); err == nil {
+		t.Error("no error for a pid that does not exist")
+	}
+	if isProcess(0, "x") {
+		t.Error("pid 0 is a process")
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	var ms []time.Duration
+	for i := 1; i <= 100; i++ {
+		ms = append(ms, time.Duration(i)*time.Millisecond)
+	}
+	for p, want := range map[float64]time.Duration{50: 50, 95: 95, 99: 99, 100: 100, 0.1: 1} {
+		if got := percentile(ms, p); got != want*time.Millisecond {
+			t.Errorf("p%v = %v, want %v", p, got, want*time.Millisecond)
+		}
+	}
+	if got := percentile(ms[:1], 99); got != time.Millisecond {
+		t.Errorf("p99 of one value = %v", got)
+	}
+	if got := percentile(nil, 50); got != 0 {
+		t.Errorf("p50 of nothing = %v", got)
+	}
+	var l Latency
+	l.summarize([]time.Duration{3 * time.Millisecond, time.Millisecond, 2 * time.Millisecond, 4 * time.Millisecond})
+	if l.Received != 4 || l.P50 != 2 || l.P95 != 4 || l.Max != 4 {
+		t.Errorf("summary %+v", l)
+	}
+}
+
+func TestThousands(t *testing.T) {
+	for v, want := range map[float64]string{0: "0", 999: "999", 1000: "1,000", 1234567.6: "1,234,568", -12345: "-12,345"} {
+		if got := thousands(v); got != want {
+			t.Errorf("thousands(%v) = %q, want %q", v, got, want)
+		}
+	}
+}
+
+func TestWriteMarkdown(t *testing.T) {
+	var b bytes.Buffer
+	writeMarkdown(&b, [][]string{{"system", "events/s"}, {"bare", "21,000"}, {"Klaxon, 1 worker", "9"}})
+	want := "" +
+		"| system           | events/s |\n" +
+		"|------------------|---------:|\n" +
+		"| bare             |   21,000 |\n" +
+		"| Klaxon, 1 worker |        9 |\n"
+	if b.String() != want {
+		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
+	}
+}
+
+func TestWriteTable(t *testing.T) {
+	rep := &Report{
+		Settings: Settings{Events: 1000, Projects: 2, Rules: 4, Groups: 10, Threshold: 100, Seed: 1},
+		Host:     Host{Cores: 2, LoadStart: [3]float64{0.5}, LoadEnd: [3]float64{0.75}, Redis: "7.0", RabbitMQ: "3.10", Go: "go1.26"},
+		Results: []Result{
+			{System: "ceiling", EventsPerSec: 20000, CeilingRatio: 1},
+			{System: "klaxon", Workers: 2, Events: 1000, EventsPerSec: 16500, CeilingRatio: 0.83, WorkerRSS: 32 << 20,
+				PerEvent: PerEvent{RoundTrips: 0.02, Commands: 4.25, Scripts: 0.44, WorkerCPU: 20, RedisCPU: 30, BrokerCPU: 25},
+				Redis:    redisDelta{Calls: map[string]int64{"evalsha": 440, "get": 1200}, Scripts: 440, ScriptMicros: 44000, ScriptCommandMicros: 4000},
+				Latency:  &Latency{Rate: 8250, Probes: 10, Received: 9, P50: 12.5, P95: 30, P99: 41.25}},
+		},
+		Memory: &Memory{Workers: 1, Events: 1000, Groups: 10, UsedDelta: 3 << 20, Keys: 50, PerKey: 62914.56,
+			Stats: keyStats{Counters: 40, Dedup: 10, CounterBytes: 456, DedupBytes: 4000, DedupFields: 100}},
+	}
+	var b bytes.Buffer
+	writeTable(&b, rep)
+	out := b.String()
+	for _, want := range []string{
+		"1,000 events, 2 projects × 4 rules, 10 groups (0% new)", "load average 0.50 at start, 0.75 at end",
+		"| bare consumer (ack only) |", "| Klaxon, 2 workers", "16,500", "83%", "0.020", "4.25", "32 MiB",
+		"12.5 / 30.0 / 41.2 at 8,250/s (9 of 10 probes)",
+		"evalsha=440", "get=1200", "100.0 µs per call, 44.0 µs per event; of which 4.0 µs per event in the commands they call, 40.0 µs in Lua",
+		"used_memory +3.0 MiB in 50 keys", "40 (rule, group) counter keys, MEMORY USAGE 456 B each",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestParseInfoAndDiff(t *testing.T) {
+	before := parseInfo("# Server\r\nredis_version:7.0.15\r\nprocess_id:2221\r\n# Stats\r\ntotal_writes_processed:100\r\n" +
+		"# Memory\r\nused_memory:1000\r\n# Commandstats\r\ncmdstat_get:calls=10,usec=20,usec_per_call=2.00,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_info:calls=5,usec=500,usec_per_call=100.00,rejected_calls=0,failed_calls=0\r\n")
+	if before.version != "7.0.15" || before.processID != 2221 || before.writes != 100 || before.usedMemory != 1000 || before.calls["get"] != 10 {
+		t.Fatalf("parsed %+v", before)
+	}
+	after := parseInfo("total_writes_processed:131\r\ncmdstat_get:calls=30,usec=60\r\ncmdstat_evalsha:calls=10,usec=1000\r\n" +
+		"cmdstat_info:calls=6,usec=600\r\ncmdstat_ping:calls=1,usec=1\r\n")
+	d := diffInfo(before, after)
+	if d.RoundTrips != 30 || d.Commands != 31 || d.Scripts != 10 || d.Calls["info"] != 0 || d.Calls["get"] != 20 {
+		t.Errorf("delta %+v", d)
+	}
+	if d.ScriptMicros != 1000 || d.ScriptCommandMicros != 40 {
+		t.Errorf("script µs %d, of which commands %d; want 1000 and 40", d.ScriptMicros, d.ScriptCommandMicros)
+	}
+	if got := d.topCalls(2); got != "get=20 evalsha=10" {
+		t.Errorf("topCalls = %q", got)
+	}
+}
+
+func TestParseMetrics(t *testing.T) {
+	text := `# HELP klaxon_events_total Incoming events by outcome.
+# TYPE klaxon_events_total counter
+klaxon_events_total{outcome="counted"} 1500
+klaxon_events_total{outcome="unmatched"} 20
+klaxon_batches_total{outcome="ok",stage="evaluator"} 7
+klaxon_batches_total{outcome="ok",stage="deliverer"} 3
+klaxon_events_totalx 9
+`
+	m, err := parseMetrics(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m["events"] != 1520 || m["batches"] != 7 {
+		t.Errorf("metrics %v", m)
+	}
+	if _, err := parseMetrics(strings.NewReader(`klaxon_events_total{outcome="x"} nope`)); err == nil {
+		t.Error("a bad value parsed")
+	}
+}
+
+func TestRenderBar(t *testing.T) {
+	got := renderBar("fill", 25, 100, 2*time.Second, 10)
+	for _, want := range []string{"fill", "[##........]", " 25%", "25/100", "13/s", "2.0s"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("bar %q lacks %q", got, want)
+		}
+	}
+	if got := renderBar("x", 150, 100, time.Second, 4); !strings.Contains(got, "[####] 100%") {
+		t.Errorf("overfull bar %q", got)
+	}
+	var b bytes.Buffer
+	p := newProgress(&b, "lines")
+	p.phase("one", 10).Store(10)
+	p.phase("two", 0).Store(3)
+	p.end()
+	if lines := strings.Split(strings.TrimSpace(b.String()), "\n"); len(lines) != 2 || !strings.HasPrefix(lines[1], "two") {
+		t.Errorf("progress lines %q", b.String())
+	}
+}
+
+func TestWorkload(t *testing.T) {
+	o := defaultOptions()
+	o.events, o.projects, o.groups, o.rules = 500, 3, 40, 5
+	w := newWorkload(o)
+	if again := newWorkload(o); string(again.body(0, 7)) != string(w.body(0, 7)) {
+		t.Error("the same seed generated other events")
+	}
+	seen := map[int]int{}
+	for i, g := range w.order {
+		seen[g]++
+		if w.isNew[i] != (seen[g] == 1) {
+			t.Fatalf("event %d: isNew %v but it is the group's event #%d", i, w.isNew[i], seen[g])
+		}
+	}
+	if len(seen) != o.groups || len(w.order) != o.events {
+		t.Errorf("%d groups in %d events, want %d in %d", len(seen), len(w.order), o.groups, o.events)
+	}
+	yml, err := w.rulesYAML("http://127.0.0.1:1/hook")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := t.TempDir() + "/rules.yaml"
+	if err := os.WriteFile(path, yml, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	specs, err := store.NewFileSource(path).Load(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := store.Compile(specs, time.Now())
+	if snap.Skipped() != 0 || snap.Projects() != o.projects+1 || snap.Len() != o.projects*o.rules+1 {
+		t.Fatalf("rules: %d projects, %d rules, problems %v", snap.Projects(), snap.Len(), snap.Problems())
+	}
+	for round := range 2 {
+		for i := range o.events {
+			m, err := event.Decode(w.body(round, i))
+			if err != nil {
+				t.Fatalf("event %d: %v", i, err)
+			}
+			if len(snap.Rules(m.ProjectID)) != o.rules || (round > 0 && m.Event.IsNew) {
+				t.Fatalf("event %d of round %d: %+v", i, round, m)
+			}
+		}
+	}
+	m, err := event.Decode(w.probeBody("run", 3))
+	if err != nil || !m.Event.IsNew || len(snap.Rules(m.ProjectID)) != 1 {
+		t.Fatalf("probe %+v: %v", m, err)
+	}
+	if run, n, ok := parseProbeID(*m.Event.RepetitionID); !ok || run != "run" || n != 3 {
+		t.Errorf("probe id %q parsed as %q %d %v", *m.Event.RepetitionID, run, n, ok)
+	}
+	for _, bad := range []string{"", "probe-", "probe-x", "x-1", "probe-a-b"} {
+		if _, _, ok := parseProbeID(bad); ok {
+			t.Errorf("parseProbeID(%q) succeeded", bad)
+		}
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	o, err := parseFlags([]string{"-scale", "-events", "5000"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.projects != 1000 || o.rules != 10 || o.groups != 100_000 || o.events != 5000 || len(o.workers) != 1 || o.newFraction != 0.1 ||
+		strings.Join(o.systems, ",") != "ceiling,klaxon" {
+		t.Errorf("-scale gave %+v", o)
+	}
+	o, err = parseFlags([]string{"-workers", "3,1", "-systems", "klaxon,ceiling", "-env", "KLAXON_BATCH_SIZE=512"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.workers[0] != 3 || strings.Join(o.systems, ",") != "ceiling,klaxon" || o.workerEnv["KLAXON_BATCH_SIZE"] != "512" {
+		t.Errorf("got %+v", o)
+	}
+	for _, args := range [][]string{{"-workers", "0"}, {"-systems", "nats"}, {"-env", "PATH=/x"}, {"-events", "0"}} {
+		if _, err := parseFlags(args, io.Discard); err == nil {
+			t.Errorf("parseFlags(%q) succeeded", args)
+		}
+	}
+}
+
+// TestRunEndToEnd runs the whole tool with tiny settings against the real
+// services and the real worker binary. It checks behaviour only: every
+// system consumed every event, the probes came back, the JSON has its
+// fields, and nothing is left behind. Never timings.
+func TestRunEndToEnd(t *testing.T) {
+	o := defaultOptions()
+	o.amqpURL, o.redisURL = testenv.AMQPURL(t), testenv.RedisURL()
+	o.events, o.projects, o.rules, o.groups, o.threshold = 2000, 5, 4, 50, 20
+	o.workers = []int{1}
+	o.latency, o.probeRate = time.Second, 20
+	o.progress = "off"
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	rep, err := run(ctx, o, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var systems []string
+	for _, r := range rep.Results {
+		systems = append(systems, r.System)
+		if r.Consumed != o.events || r.Events < 1 || r.Events > o.events || r.EventsPerSec <= 0 || r.CeilingRatio <= 0 {
+			t.Errorf("%s: %+v", r.System, r)
+		}
+	}
+	if strings.Join(systems, ",") != "ceiling,hawk,klaxon" {
+		t.Fatalf("systems %v", systems)
+	}
+	hawk, klaxon := rep.Results[1], rep.Results[2]
+	if hawk.Redis.Scripts == 0 || klaxon.Redis.Scripts == 0 || klaxon.Notifications == 0 {
+		t.Errorf("Hawk ran %d scripts, Klaxon %d and sent %d notifications", hawk.Redis.Scripts, klaxon.Redis.Scripts, klaxon.Notifications)
+	}
+	if l := klaxon.Latency; l == nil || l.Probes == 0 || l.Received != l.Probes {
+		t.Errorf("latency %+v: every probe should notify", l)
+	}
+	if m := rep.Memory; m == nil || m.Stats.Counters == 0 || m.Stats.Dedup == 0 {
+		t.Errorf("memory %+v", m)
+	}
+
+	b, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	results, _ := doc["results"].([]any)
+	if len(results) != 3 || doc["settings"] == nil || doc["host"] == nil || doc["redisMemory"] == nil {
+		t.Fatalf("JSON %s", b)
+	}
+	last, _ := results[2].(map[string]any)
+	for _, field := range []string{"system", "workers", "events", "eventsPerSecond", "ceilingRatio", "perEvent", "redis", "workerPeakRssBytes", "latency"} {
+		if _, ok := last[field]; !ok {
+			t.Errorf("Klaxon's JSON result lacks %q: %v", field, last)
+		}
+	}
+	perEvent, _ := last["perEvent"].(map[string]any)
+	for _, field := range []string{"redisRoundTrips", "redisCommands", "workerCpuMicros", "redisCpuMicros", "brokerCpuMicros"} {
+		if _, ok := perEvent[field]; !ok {
+			t.Errorf("perEvent lacks %q", field)
+		}
+	}
+
+	// Nothing left behind: no key, no queue of the run.
+	rdb := redis.NewClient(mustParseRedisURL(t, o.redisURL))
+	defer rdb.Close()
+	if keys, err := rdb.Keys(ctx, rep.Settings.Prefix+"*").Result(); err != nil || len(keys) > 0 {
+		t.Errorf("keys left: %d (%v)", len(keys), err)
+	}
+	conn, err := amqp.Dial(o.amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for _, q := range []string{rep.Settings.Prefix + ".events", rep.Settings.Prefix + "-k1.deliveries"} {
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ch.QueueDeclarePassive(q, true, false, false, false, nil); err == nil {
+			t.Errorf("queue %s left behind", q)
+			_ = ch.Close()
+		}
+	}
+}
+
+func mustParseRedisURL(t *testing.T, url string) *redis.Options {
+	t.Helper()
+	o, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}

@@ -1,0 +1,821 @@
+// Command bench measures Klaxon's throughput against the broker's ceiling
+// and a Hawk-style baseline, side by side in one run, on the same queue of
+// generated Hawk events, and prints one table (or JSON with -json):
+//
+//	go run ./cmd/bench                         # 100,000 events, ceiling, Hawk, Klaxon ×1,2,3
+//	go run ./cmd/bench -events 20000 -workers 1 -json
+//	go run ./cmd/bench -scale                  # 1,000 projects × 10 rules, 100,000 groups
+//
+// For each system the queue is filled with the same N events first, then
+// consumed:
+//
+//   - bare consumer: acks only (prefetch 1000, a multiple-ack every 100);
+//     the most any consumer of this broker can do.
+//   - Hawk-style: per event and per matching rule one EVALSHA of Hawk's
+//     fixed-window script (hawk.lua), each message acked on its own.
+//   - Klaxon: 1, 2, 3… worker processes of the real binary (./cmd/worker),
+//     rules from a YAML file (no MongoDB), webhooks to a sink the bench
+//     serves. The rate is taken from the moment every worker is ready to
+//     the last ack. Then events are published at half that rate for a
+//     while, with latency probes (ONLY_NEW events of new groups, so each
+//     notifies) whose publish→webhook time gives p50/p95/p99.
+//
+// It needs Redis and RabbitMQ (single node), and Go to build the worker
+// unless -worker names a binary. Every queue and Redis key it creates has
+// a prefix unique to the run and is deleted at the end. The machine should
+// be otherwise idle: the table shows the load average at start and end.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/klaxonhq/klaxon/internal/store"
+)
+
+// options are the command line's settings.
+type options struct {
+	events, projects, rules, groups int
+	threshold                       int64
+	newFraction                     float64 // of the groups whose first event is new
+	seed                            int64
+	workers                         []int
+	systems                         []string // of ceiling, hawk, klaxon, in that order
+	amqpURL, redisURL               string
+	workerBin                       string
+	beforeBin                       string // another worker binary, measured with the first worker count too
+	workerEnv                       map[string]string
+	latency                         time.Duration
+	latencyRate                     float64 // events/s of the latency phase; 0: half the measured rate
+	probeRate                       float64
+	scale                           bool
+	json                            bool
+	jsonFile                        string
+	progress                        string
+	pprofFile                       string
+	pprofSeconds                    int
+	memory                          bool // measure Redis memory after the first Klaxon run
+}
+
+func defaultOptions() options {
+	return options{
+		events: 100_000, projects: 100, rules: 4, groups: 1000, threshold: 100, newFraction: 1, seed: 1,
+		workers: []int{1, 2, 3}, systems: []string{"ceiling", "hawk", "klaxon"},
+		amqpURL: "amqp://guest:guest@127.0.0.1:5672/", redisURL: "redis://127.0.0.1:6379/0",
+		latency: 5 * time.Second, probeRate: 200, progress: "auto", pprofSeconds: 5, memory: true,
+	}
+}
+
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	o := defaultOptions()
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&o.events, "events", o.events, "events in the queue for each system")
+	fs.IntVar(&o.projects, "projects", o.projects, "projects")
+	fs.IntVar(&o.rules, "rules", o.rules, "rules per project (k%4: 0-2 SEEN_MORE, 3 ONLY_NEW)")
+	fs.IntVar(&o.groups, "groups", o.groups, "event groups (groupHash), spread over the projects; each gets an event, the rest are Zipf-distributed")
+	fs.Int64Var(&o.threshold, "threshold", o.threshold, "lowest SEEN_MORE threshold (others are 2× and 10×)")
+	fs.Int64Var(&o.seed, "seed", o.seed, "seed of the generated workload")
+	fs.Float64Var(&o.newFraction, "new", o.newFraction, "fraction of the groups that are new (their first event has isNew); the others existed before")
+	workers := fs.String("workers", "1,2,3", "Klaxon worker process counts to measure, comma-separated")
+	systems := fs.String("systems", "ceiling,hawk,klaxon", "what to measure: ceiling, hawk, klaxon")
+	fs.StringVar(&o.amqpURL, "amqp", o.amqpURL, "RabbitMQ URL")
+	fs.StringVar(&o.redisURL, "redis", o.redisURL, "Redis URL (single node)")
+	fs.StringVar(&o.workerBin, "worker", "", "worker binary; built from ./cmd/worker when empty")
+	fs.StringVar(&o.beforeBin, "before", "", "another worker binary (say, built from the last commit) to measure side by side, with the first -workers count")
+	env := fs.String("env", "", "extra worker environment, comma-separated KLAXON_…=value or GO…=value (e.g. KLAXON_BATCH_SIZE=512,GOGC=200)")
+	fs.DurationVar(&o.latency, "latency", o.latency, "how long to publish at half the measured rate for latency; 0 skips")
+	fs.Float64Var(&o.probeRate, "probes", o.probeRate, "latency probes per second, at most")
+	fs.Float64Var(&o.latencyRate, "latency-rate", 0, "events/s to publish for the latency measurement; 0 means half the rate just measured")
+	fs.BoolVar(&o.scale, "scale", false, "scale run: 1,000 projects × 10 rules, 100,000 groups, 300,000 events, ceiling and Klaxon ×1 (flags given explicitly win)")
+	fs.BoolVar(&o.json, "json", false, "print the results as JSON instead of a table")
+	fs.StringVar(&o.jsonFile, "json-file", "", "also write the results as JSON to this file")
+	fs.StringVar(&o.progress, "progress", o.progress, "progress on stderr: auto (a bar on a terminal, else a line per phase), bar, lines, off")
+	fs.StringVar(&o.pprofFile, "pprof", "", "write a CPU profile of the first worker of the first Klaxon run to this file (and its heap allocations to FILE.allocs)")
+	fs.IntVar(&o.pprofSeconds, "pprof-seconds", o.pprofSeconds, "length of the CPU profile")
+	fs.BoolVar(&o.memory, "memory", o.memory, "measure Redis memory per key after the first Klaxon run")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if o.scale {
+		for name, apply := range map[string]func(){
+			"projects": func() { o.projects = 1000 },
+			"rules":    func() { o.rules = 10 },
+			"groups":   func() { o.groups = 100_000 },
+			"events":   func() { o.events = 300_000 },
+			"workers":  func() { *workers = "1" },
+			"systems":  func() { *systems = "ceiling,klaxon" },
+			"latency":  func() { o.latency = 10 * time.Second },
+			"new":      func() { o.newFraction = 0.1 },
+		} {
+			if !set[name] {
+				apply()
+			}
+		}
+	}
+	var err error
+	if o.workers, err = parseInts(*workers); err != nil {
+		return o, fmt.Errorf("-workers: %w", err)
+	}
+	o.systems = nil
+	for _, s := range []string{"ceiling", "hawk", "klaxon"} {
+		if slices.Contains(strings.Split(*systems, ","), s) {
+			o.systems = append(o.systems, s)
+		}
+	}
+	if len(o.systems) == 0 {
+		return o, fmt.Errorf("-systems %q names none of ceiling, hawk, klaxon", *systems)
+	}
+	o.workerEnv = map[string]string{}
+	for kv := range strings.SplitSeq(*env, ",") {
+		if kv = strings.TrimSpace(kv); kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || !strings.HasPrefix(k, "KLAXON_") && !strings.HasPrefix(k, "GO") {
+			return o, fmt.Errorf("-env %q: want KLAXON_NAME=value or GONAME=value", kv)
+		}
+		o.workerEnv[k] = v
+	}
+	switch {
+	case o.events < 1, o.projects < 1, o.rules < 1, o.groups < 1:
+		return o, errors.New("-events, -projects, -rules and -groups must be at least 1")
+	case o.threshold < 1:
+		return o, errors.New("-threshold must be at least 1")
+	case o.probeRate <= 0:
+		return o, errors.New("-probes must be positive")
+	case o.newFraction < 0 || o.newFraction > 1:
+		return o, errors.New("-new must be from 0 to 1")
+	}
+	return o, nil
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for f := range strings.SplitSeq(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a whole number of 1 or more", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func main() {
+	o, err := parseFlags(os.Args[1:], os.Stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	rep, err := run(ctx, o, os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+	doc, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+	if o.jsonFile != "" {
+		if err := os.WriteFile(o.jsonFile, append(doc, '\n'), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+	}
+	if o.json {
+		fmt.Println(string(doc))
+		return
+	}
+	writeTable(os.Stdout, rep)
+}
+
+// bench is one run's shared state.
+type bench struct {
+	o        options
+	prefix   string // of every queue and key of the run
+	queue    string // the events queue
+	dir      string
+	rulesYML string
+	work     *workload
+	bodies   [][]byte // round 0 of the workload, as published
+	sink     *sink
+	rdb      *redis.Client
+	br       *broker
+	prog     *progress
+	http     *http.Client
+	redisPID int
+	beamPID  int
+	queues   []string // to delete at the end
+}
+
+// run measures every system o asks for and returns the report.
+func run(ctx context.Context, o options, stderr io.Writer) (rep *Report, err error) {
+	b := &bench{o: o, prog: newProgress(stderr, o.progress), http: &http.Client{Timeout: 30 * time.Second}}
+	defer b.prog.end()
+	b.prefix = "kbench-" + strings.ToLower(rand.Text()[:10])
+	b.queue = b.prefix + ".events"
+	rep = &Report{
+		Started: time.Now().UTC(),
+		Settings: Settings{Events: o.events, Projects: o.projects, Rules: o.rules, Groups: o.groups,
+			Threshold: o.threshold, NewGroups: o.newFraction, Seed: o.seed, Workers: o.workers, Latency: o.latency.String(), Prefix: b.prefix},
+		Host: Host{Cores: runtime.NumCPU(), LoadStart: loadAverage(), Go: runtime.Version()},
+	}
+
+	if b.dir, err = os.MkdirTemp("", "klaxon-bench-"); err != nil {
+		return nil, fmt.Errorf("temporary directory: %w", err)
+	}
+	defer func() {
+		if err == nil {
+			os.RemoveAll(b.dir)
+		} else {
+			err = fmt.Errorf("%w (worker logs kept in %s)", err, b.dir)
+		}
+	}()
+	if b.sink, err = startSink(); err != nil {
+		return nil, fmt.Errorf("webhook sink: %w", err)
+	}
+	defer b.sink.close()
+
+	b.work = newWorkload(o)
+	yml, err := b.work.rulesYAML(b.sink.url)
+	if err != nil {
+		return nil, err
+	}
+	b.rulesYML = filepath.Join(b.dir, "rules.yaml")
+	if err := os.WriteFile(b.rulesYML, yml, 0o600); err != nil {
+		return nil, fmt.Errorf("write rules file: %w", err)
+	}
+	if rep.Rules, err = measureRulesLoad(ctx, b.rulesYML); err != nil {
+		return nil, err
+	}
+
+	ropts, err := redis.ParseURL(o.redisURL)
+	if err != nil {
+		return nil, fmt.Errorf("-redis: %w", err)
+	}
+	b.rdb = redis.NewClient(ropts)
+	defer b.rdb.Close()
+	info, err := readInfo(ctx, b.rdb)
+	if err != nil {
+		return nil, err
+	}
+	rep.Host.Redis = info.version
+	if isProcess(info.processID, "redis-server") {
+		b.redisPID = info.processID
+	}
+	if b.br, err = dialBroker(o.amqpURL); err != nil {
+		return nil, err
+	}
+	defer b.br.close()
+	rep.Host.RabbitMQ = b.br.version()
+	b.beamPID = findProcess("/proc", "beam.smp", "rabbit")
+	rep.Host.RedisPID, rep.Host.BrokerPID = b.redisPID, b.beamPID
+
+	b.queues = append(b.queues, b.queue, b.queue+".dead", b.prefix+".hawk-out")
+	defer b.cleanup()
+	if err := b.br.declare(b.queue); err != nil {
+		return nil, err
+	}
+
+	b.bodies = make([][]byte, o.events)
+	for i := range b.bodies {
+		b.bodies[i] = b.work.body(0, i)
+	}
+
+	var ceiling float64
+	for _, system := range o.systems {
+		switch system {
+		case "ceiling":
+			res, err := b.runCeiling(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("bare consumer: %w", err)
+			}
+			ceiling = res.EventsPerSec
+			rep.Results = append(rep.Results, res)
+		case "hawk":
+			res, err := b.runHawk(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("Hawk-style baseline: %w", err)
+			}
+			rep.Results = append(rep.Results, res)
+		case "klaxon":
+			if b.o.workerBin == "" {
+				b.prog.note("building ./cmd/worker")
+				if b.o.workerBin, err = buildWorker(ctx, b.dir); err != nil {
+					return nil, err
+				}
+			}
+			if o.beforeBin != "" {
+				res, _, err := b.runKlaxon(ctx, o.beforeBin, "before", o.workers[0], false)
+				if err != nil {
+					return nil, fmt.Errorf("Klaxon (-before) with %d worker%s: %w", o.workers[0], plural(o.workers[0]), err)
+				}
+				rep.Results = append(rep.Results, res)
+			}
+			for i, k := range o.workers {
+				res, mem, err := b.runKlaxon(ctx, b.o.workerBin, "", k, i == 0)
+				if err != nil {
+					return nil, fmt.Errorf("Klaxon with %d worker%s: %w", k, plural(k), err)
+				}
+				rep.Results = append(rep.Results, res)
+				if mem != nil {
+					rep.Memory = mem
+				}
+			}
+		}
+	}
+	for i := range rep.Results {
+		if ceiling > 0 {
+			rep.Results[i].CeilingRatio = rep.Results[i].EventsPerSec / ceiling
+		}
+	}
+	rep.Host.LoadEnd = loadAverage()
+	return rep, nil
+}
+
+// measureRulesLoad loads and compiles the rules file as the worker does
+// at every KLAXON_RULES_REFRESH, and says what one load costs.
+func measureRulesLoad(ctx context.Context, path string) (*RulesLoad, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("rules file: %w", err)
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	start := time.Now()
+	specs, err := store.NewFileSource(path).Load(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("load rules file: %w", err)
+	}
+	snap := store.Compile(specs, start)
+	took := time.Since(start)
+	runtime.ReadMemStats(&after)
+	return &RulesLoad{Bytes: st.Size(), Rules: snap.Len(), Millis: float64(took.Microseconds()) / 1000,
+		AllocBytes: int64(after.TotalAlloc - before.TotalAlloc)}, nil
+}
+
+// cleanup deletes the run's queues and Redis keys, even after ctx ended.
+func (b *bench) cleanup() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b.br.deleteQueues(b.queues...)
+	if _, err := deleteKeys(ctx, b.rdb, b.prefix); err != nil {
+		b.prog.note("cleanup: %v", err)
+	}
+}
+
+// fill empties the events queue and publishes round 0 of the workload.
+func (b *bench) fill(ctx context.Context, label string) error {
+	if err := b.br.purge(b.queue); err != nil {
+		return err
+	}
+	done := b.prog.phase("fill for "+label, int64(b.o.events))
+	return b.br.fill(ctx, b.queue, b.o.events, func(i int) []byte { return b.bodies[i] }, done)
+}
+
+// meter samples CPU of the consumer, Redis and the broker, and Redis' INFO.
+type meter struct {
+	b     *bench
+	procs cpuSet
+	cpu   map[string]time.Duration
+	info  redisInfo
+}
+
+func (b *bench) meter(consumer ...int) *meter {
+	return &meter{b: b, procs: cpuSet{"worker": consumer, "redis": {b.redisPID}, "broker": {b.beamPID}}}
+}
+
+func (m *meter) begin(ctx context.Context) error {
+	m.cpu = m.procs.sample()
+	var err error
+	m.info, err = readInfo(ctx, m.b.rdb)
+	return err
+}
+
+// finish fills res' Redis and CPU figures per event, for events events.
+func (m *meter) finish(ctx context.Context, res *Result, events int) error {
+	info, err := readInfo(ctx, m.b.rdb)
+	if err != nil {
+		return err
+	}
+	cpu := m.procs.sample()
+	res.Redis = diffInfo(m.info, info)
+	n := float64(max(events, 1))
+	res.PerEvent = PerEvent{
+		RoundTrips: float64(res.Redis.RoundTrips) / n,
+		Commands:   float64(res.Redis.Commands) / n,
+		Scripts:    float64(res.Redis.Scripts) / n,
+		WorkerCPU:  float64((cpu["worker"] - m.cpu["worker"]).Microseconds()) / n,
+		RedisCPU:   float64((cpu["redis"] - m.cpu["redis"]).Microseconds()) / n,
+		BrokerCPU:  float64((cpu["broker"] - m.cpu["broker"]).Microseconds()) / n,
+	}
+	return nil
+}
+
+// runCeiling consumes the queue acking only: prefetch 1000, a multiple-ack
+// every 100 deliveries.
+func (b *bench) runCeiling(ctx context.Context) (Result, error) {
+	res := Result{System: "ceiling", Events: b.o.events, Consumed: b.o.events}
+	if err := b.fill(ctx, "bare consumer"); err != nil {
+		return res, err
+	}
+	m := b.meter(os.Getpid())
+	if err := m.begin(ctx); err != nil {
+		return res, err
+	}
+	done := b.prog.phase("bare consumer", int64(b.o.events))
+	n := 0
+	sp, err := b.br.consumeAll(ctx, b.queue, b.o.events, 1000, nil, func(_ context.Context, ch *amqp.Channel, d *amqp.Delivery, last bool) error {
+		n++
+		done.Store(int64(n))
+		if n%100 == 0 || last {
+			return ch.Ack(d.DeliveryTag, true)
+		}
+		return nil
+	})
+	if err != nil {
+		return res, err
+	}
+	if err := m.finish(ctx, &res, res.Events); err != nil {
+		return res, err
+	}
+	res.Seconds = sp.seconds()
+	res.EventsPerSec = float64(res.Events) / res.Seconds
+	return res, nil
+}
+
+// runHawk consumes the queue the way Hawk's notifier does (see hawkBaseline).
+func (b *bench) runHawk(ctx context.Context) (Result, error) {
+	res := Result{System: "hawk", Events: b.o.events, Consumed: b.o.events}
+	h, err := newHawkBaseline(ctx, b.rdb, b.rulesYML, b.prefix+":hawk", b.prefix+".hawk-out")
+	if err != nil {
+		return res, err
+	}
+	if err := b.br.declare(h.out); err != nil {
+		return res, err
+	}
+	if err := b.fill(ctx, "Hawk-style"); err != nil {
+		return res, err
+	}
+	m := b.meter(os.Getpid())
+	if err := m.begin(ctx); err != nil {
+		return res, err
+	}
+	done := b.prog.phase("Hawk-style", int64(b.o.events))
+	sp, err := b.br.consumeAll(ctx, b.queue, b.o.events, 1000, nil, func(ctx context.Context, ch *amqp.Channel, d *amqp.Delivery, _ bool) error {
+		done.Add(1)
+		return h.handle(ctx, ch, d)
+	})
+	if err != nil {
+		return res, err
+	}
+	if err := m.finish(ctx, &res, res.Events); err != nil {
+		return res, err
+	}
+	res.Seconds = sp.seconds()
+	res.EventsPerSec = float64(res.Events) / res.Seconds
+	res.Notifications = int64(h.fired)
+	return res, nil
+}
+
+// runKlaxon measures k worker processes: throughput on a full queue, then
+// latency at half that rate. With memory it also measures Redis' memory
+// for the run's keys.
+func (b *bench) runKlaxon(ctx context.Context, bin, variant string, k int, first bool) (Result, *Memory, error) {
+	res := Result{System: "klaxon", Variant: variant, Workers: k, Consumed: b.o.events}
+	kprefix := fmt.Sprintf("%s-k%d", b.prefix, k)
+	if variant != "" {
+		kprefix = fmt.Sprintf("%s-%s%d", b.prefix, variant, k)
+	}
+	b.queues = append(b.queues, kprefix+".deliveries", kprefix+".failed")
+	for _, d := range []string{"100ms", "250ms", "500ms", "1s", "2s", "4s", "8s", "16s", "32s", "1m4s", "2m8s", "4m16s", "8m32s"} {
+		b.queues = append(b.queues, kprefix+".retry."+d)
+	}
+	label := fmt.Sprintf("Klaxon ×%d", k)
+	if variant != "" {
+		label += " " + variant
+	}
+	if err := b.fill(ctx, label); err != nil {
+		return res, nil, err
+	}
+	measureMemory := first && b.o.memory
+	var memBefore redisInfo
+	if measureMemory {
+		var err error
+		if memBefore, err = readInfo(ctx, b.rdb); err != nil {
+			return res, nil, err
+		}
+	}
+
+	env := map[string]string{
+		"KLAXON_AMQP_URL":   b.o.amqpURL,
+		"KLAXON_QUEUE":      b.queue,
+		"KLAXON_REDIS_URL":  b.o.redisURL,
+		"KLAXON_RULES_FILE": b.rulesYML,
+		"KLAXON_PREFIX":     kprefix,
+		"KLAXON_LOG_LEVEL":  "info",
+	}
+	for key, v := range b.o.workerEnv {
+		env[key] = v
+	}
+	profile := first && b.o.pprofFile != ""
+	b.prog.note("starting %d worker%s", k, plural(k))
+	var ws []*worker
+	defer func() {
+		for _, w := range ws {
+			_ = w.stop()
+		}
+	}()
+	for i := range k {
+		wenv := env
+		if profile && i == 0 {
+			wenv = map[string]string{"KLAXON_PPROF": "true"}
+			for key, v := range env {
+				wenv[key] = v
+			}
+		}
+		w, err := startWorker(bin, wenv, filepath.Join(b.dir, fmt.Sprintf("worker-k%d%s-%d.log", k, variant, i)))
+		if err != nil {
+			return res, nil, err
+		}
+		ws = append(ws, w)
+	}
+	for _, w := range ws {
+		if err := w.waitReady(ctx, b.http, time.Minute); err != nil {
+			return res, nil, err
+		}
+	}
+
+	pids := make([]int, len(ws))
+	for i, w := range ws {
+		pids[i] = w.pid()
+	}
+	m := b.meter(pids...)
+	if err := m.begin(ctx); err != nil {
+		return res, nil, err
+	}
+	t0 := time.Now()
+	start, err := sumMetrics(ctx, b.http, ws)
+	if err != nil {
+		return res, nil, err
+	}
+	notified := b.sink.received.Load()
+	profDone := make(chan error, 1)
+	if profile {
+		go func() { profDone <- b.fetchProfiles(ctx, ws[0]) }()
+	}
+
+	done := b.prog.phase(label, int64(b.o.events))
+	end, err := b.waitConsumed(ctx, ws, done)
+	if err != nil {
+		return res, nil, err
+	}
+	t1 := time.Now()
+	res.Events = b.o.events - int(start["events"])
+	if err := m.finish(ctx, &res, res.Events); err != nil {
+		return res, nil, err
+	}
+	res.Seconds = t1.Sub(t0).Seconds()
+	res.EventsPerSec = float64(res.Events) / res.Seconds
+	res.Batches = end["batches"] - start["batches"]
+
+	var mem *Memory
+	if measureMemory {
+		if mem, err = b.measureMemory(ctx, kprefix, memBefore, k); err != nil {
+			return res, nil, err
+		}
+	}
+	if profile {
+		if err := <-profDone; err != nil {
+			return res, nil, err
+		}
+	}
+	// Let the notifications of the run arrive before counting them.
+	b.waitEmpty(ctx, kprefix+".deliveries", 10*time.Second)
+	res.Notifications = b.sink.received.Load() - notified
+
+	if b.o.latency > 0 {
+		rate := res.EventsPerSec / 2
+		if b.o.latencyRate > 0 {
+			rate = b.o.latencyRate
+		}
+		if res.Latency, err = b.measureLatency(ctx, kprefix, k, rate); err != nil {
+			return res, nil, err
+		}
+	}
+	for _, w := range ws {
+		if rss, err := peakRSS(w.pid()); err == nil {
+			res.WorkerRSS = max(res.WorkerRSS, rss)
+		}
+	}
+	for _, w := range ws {
+		if err := w.stop(); err != nil {
+			return res, nil, err
+		}
+	}
+	ws = nil
+	return res, mem, nil
+}
+
+// waitConsumed waits until the workers have handled every event of the
+// queue: it polls the queue's depth (cheap for the broker) while messages
+// are ready, then the workers' klaxon_events_total until it reaches the
+// number of events, and returns the final metrics. It fails if nothing
+// moves for a minute.
+func (b *bench) waitConsumed(ctx context.Context, ws []*worker, done *atomic.Int64) (map[string]float64, error) {
+	ch, err := b.br.conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("open channel: %w", err)
+	}
+	defer ch.Close()
+	last, lastMove := -1, time.Now()
+	stalled := func(progress int) error {
+		if progress != last {
+			last, lastMove = progress, time.Now()
+			return nil
+		}
+		if time.Since(lastMove) > time.Minute {
+			return fmt.Errorf("no progress for a minute at %d of %d events; worker log: %s", progress, b.o.events, tail(ws[0].logPath, 10))
+		}
+		return nil
+	}
+	for {
+		depth, err := b.br.depth(ch, b.queue)
+		if err != nil {
+			return nil, err
+		}
+		if depth == 0 {
+			break
+		}
+		done.Store(int64(b.o.events - depth))
+		if err := stalled(depth); err != nil {
+			return nil, err
+		}
+		if err := sleep(ctx, 20*time.Millisecond); err != nil {
+			return nil, err
+		}
+	}
+	for {
+		m, err := sumMetrics(ctx, b.http, ws)
+		if err != nil {
+			return nil, err
+		}
+		n := int(m["events"])
+		done.Store(int64(n))
+		if n >= b.o.events {
+			return m, nil
+		}
+		if err := stalled(-n - 1); err != nil {
+			return nil, err
+		}
+		if err := sleep(ctx, 5*time.Millisecond); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// waitEmpty waits, up to timeout, until queue has no message ready.
+func (b *bench) waitEmpty(ctx context.Context, queue string, timeout time.Duration) {
+	ch, err := b.br.conn.Channel()
+	if err != nil {
+		return
+	}
+	defer ch.Close()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if n, err := b.br.depth(ch, queue); err != nil || n == 0 {
+			return
+		}
+		if sleep(ctx, 20*time.Millisecond) != nil {
+			return
+		}
+	}
+}
+
+// measureLatency publishes the workload at rate for the latency duration,
+// every so often a probe, and times each probe from publish to webhook.
+func (b *bench) measureLatency(ctx context.Context, kprefix string, round int, rate float64) (*Latency, error) {
+	total := max(int(rate*b.o.latency.Seconds()), 1)
+	every := max(int(rate/b.o.probeRate), 1)
+	probes := (total + every - 1) / every
+	l := &Latency{Rate: rate, Events: total, Probes: probes}
+	b.sink.expect(kprefix, probes)
+	sent := b.prog.phase(fmt.Sprintf("latency at %s/s", thousands(rate)), int64(total))
+	p := pacer{rate: rate, total: total}
+	err := p.run(ctx, b.br, b.queue, func(i int) []byte {
+		if i%every == 0 {
+			b.sink.stamp(i / every)
+			return b.work.probeBody(kprefix, i/every)
+		}
+		return b.work.body(round, i)
+	}, sent)
+	if err != nil {
+		return nil, err
+	}
+	got := b.prog.phase("latency probes", int64(probes))
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		n := len(b.sink.latencies())
+		got.Store(int64(n))
+		if n >= probes || time.Now().After(deadline) {
+			break
+		}
+		if err := sleep(ctx, 20*time.Millisecond); err != nil {
+			return nil, err
+		}
+	}
+	l.summarize(b.sink.latencies())
+	return l, nil
+}
+
+// measureMemory measures Redis' memory for the keys of one Klaxon run.
+func (b *bench) measureMemory(ctx context.Context, kprefix string, before redisInfo, k int) (*Memory, error) {
+	after, err := readInfo(ctx, b.rdb)
+	if err != nil {
+		return nil, err
+	}
+	// Klaxon's keys are "<KLAXON_PREFIX>:…"; the colon keeps another run's
+	// prefix that merely starts the same out.
+	stats, err := scanKeyStats(ctx, b.rdb, kprefix+":", 2000)
+	if err != nil {
+		return nil, err
+	}
+	m := &Memory{Workers: k, Events: b.o.events, Groups: b.o.groups, Pairs: stats.Counters,
+		UsedDelta: after.usedMemory - before.usedMemory, Stats: stats}
+	m.Keys = stats.Counters + stats.Dedup + stats.Other
+	if m.Keys > 0 {
+		m.PerKey = float64(m.UsedDelta) / float64(m.Keys)
+	}
+	m.DedupPerEvt = stats.DedupBytes * float64(stats.Dedup) / float64(b.o.events)
+	return m, nil
+}
+
+// fetchProfiles saves a CPU profile of the worker taken while it works, and
+// its allocation profile after.
+func (b *bench) fetchProfiles(ctx context.Context, w *worker) error {
+	get := func(path, file string) error {
+		client := &http.Client{Timeout: time.Duration(b.o.pprofSeconds+30) * time.Second}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+w.addr+path, nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			return fmt.Errorf("profile %s: %w", path, err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("profile %s: %s (is KLAXON_PPROF supported by this worker?)", path, resp.Status)
+		}
+		f, err := os.Create(file)
+		if err != nil {
+			return fmt.Errorf("profile file: %w", err)
+		}
+		if _, err := io.Copy(f, resp.Body); err != nil {
+			f.Close()
+			return fmt.Errorf("write profile: %w", err)
+		}
+		return f.Close()
+	}
+	if err := get(fmt.Sprintf("/debug/pprof/profile?seconds=%d", b.o.pprofSeconds), b.o.pprofFile); err != nil {
+		return err
+	}
+	return get("/debug/pprof/allocs", b.o.pprofFile+".allocs")
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// clockTick is the unit of utime and stime in /proc/<pid>/stat: USER_HZ,
+// which Linux fixes at 100 for user space on every common architecture.
+const clockTick = 10 * time.Millisecond
+
+// parseStatCPU returns utime+stime from the contents of /proc/<pid>/stat.
+// The command name (field 2) is in parentheses and may itself hold spaces
+// and parentheses, so fields are counted from the last ')'.
+func parseStatCPU(stat []byte) (time.Duration, error) {
+	end := bytes.LastIndexByte(stat, ')')
+	if end < 0 {
+		return 0, errors.New("no ')' after the command name")
+	}
+	// After ") ": state(3) ppid(4) … utime(14) stime(15).
+	fields := strings.Fields(string(stat[end+1:]))
+	if len(fields) < 13 {
+		return 0, fmt.Errorf("%d fields after the command name, want at least 13", len(fields))
+	}
+	utime, err := strconv.ParseInt(fields[11], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("utime: %w", err)
+	}
+	stime, err := strconv.ParseInt(fields[12], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("stime: %w", err)
+	}
+	return time.Duration(utime+stime) * clockTick, nil
+}
+
+// processCPU is the CPU time (user + system) pid has used so far.
+func processCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("read cpu of pid %d: %w", pid, err)
+	}
+	d, err := parseStatCPU(b)
+	if err != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+	}
+	return d, nil
+}
+
+// parseStatusKB returns a "Name:   123 kB" field of /proc/<pid>/status, in bytes.
+func parseStatusKB(status []byte, name string) (int64, error) {
+	for line := range strings.SplitSeq(string(status), "\n") {
+		v, ok := strings.CutPrefix(line, name+":")
+		if !ok {
+			continue
+		}
+		v = strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB"))
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s %q: %w", name, v, err)
+		}
+		return n << 10, nil
+	}
+	return 0, fmt.Errorf("no %s line", name)
+}
+
+// peakRSS is VmHWM, the largest resident set pid has had.
+func peakRSS(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, fmt.Errorf("read status of pid %d: %w", pid, err)
+	}
+	n, err := parseStatusKB(b, "VmHWM")
+	if err != nil {
+		return 0, fmt.Errorf("/proc/%d/status: %w", pid, err)
+	}
+	return n, nil
+}
+
+// findProcess returns the pid of the process named comm (as in
+// /proc/<pid>/comm) whose command line contains hint, or 0 when there is
+// none. With several matches it returns the lowest pid.
+func findProcess(proc, comm, hint string) int {
+	dirs, _ := filepath.Glob(filepath.Join(proc, "[0-9]*"))
+	best := 0
+	for _, dir := range dirs {
+		c, err := os.ReadFile(filepath.Join(dir, "comm"))
+		if err != nil || strings.TrimSpace(string(c)) != comm {
+			continue
+		}
+		if hint != "" {
+			cmdline, err := os.ReadFile(filepath.Join(dir, "cmdline"))
+			if err != nil || !bytes.Contains(cmdline, []byte(hint)) {
+				continue
+			}
+		}
+		pid, err := strconv.Atoi(filepath.Base(dir))
+		if err == nil && (best == 0 || pid < best) {
+			best = pid
+		}
+	}
+	return best
+}
+
+// isProcess reports whether pid is a local process whose name starts with comm.
+func isProcess(pid int, comm string) bool {
+	c, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+	return err == nil && strings.HasPrefix(strings.TrimSpace(string(c)), comm)
+}
+
+// loadAverage is /proc/loadavg's 1, 5 and 15 minute averages.
+func loadAverage() [3]float64 {
+	var l [3]float64
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return l
+	}
+	f := strings.Fields(string(b))
+	for i := 0; i < 3 && i < len(f); i++ {
+		l[i], _ = strconv.ParseFloat(f[i], 64)
+	}
+	return l
+}
+
+// cpuSet samples the CPU time of named groups of processes.
+type cpuSet map[string][]int
+
+// sample reads every process' CPU time; a process that is gone counts 0.
+func (s cpuSet) sample() map[string]time.Duration {
+	out := make(map[string]time.Duration, len(s))
+	for name, pids := range s {
+		for _, pid := range pids {
+			if pid <= 0 {
+				continue
+			}
+			d, err := processCPU(pid)
+			if err == nil {
+				out[name] += d
+			}
+		}
+	}
+	return out
+}

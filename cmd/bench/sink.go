@@ -1,0 +1,81 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// sink is the webhook endpoint of every rule. It counts notifications and
+// records when each latency probe's notification arrives.
+type sink struct {
+	srv      *http.Server
+	url      string
+	received atomic.Int64 // every notification
+
+	mu       sync.Mutex
+	run      string      // the probes being timed
+	sent     []time.Time // publish time of probe n
+	arrivals []time.Duration
+	seen     map[int]bool
+}
+
+func startSink() (*sink, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	s := &sink{url: "http://" + l.Addr().String() + "/hook"}
+	s.srv = &http.Server{Handler: http.HandlerFunc(s.serve), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = s.srv.Serve(l) }()
+	return s, nil
+}
+
+func (s *sink) close() { _ = s.srv.Close() }
+
+// expect starts timing the probes of run: n of them.
+func (s *sink) expect(run string, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.run, s.sent, s.arrivals, s.seen = run, make([]time.Time, n), nil, map[int]bool{}
+}
+
+// stamp records that probe n is being published now.
+func (s *sink) stamp(n int) {
+	s.mu.Lock()
+	s.sent[n] = time.Now()
+	s.mu.Unlock()
+}
+
+// latencies returns the publish→notification latencies recorded so far.
+func (s *sink) latencies() []time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]time.Duration(nil), s.arrivals...)
+}
+
+func (s *sink) serve(w http.ResponseWriter, r *http.Request) {
+	now := time.Now()
+	body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	s.received.Add(1)
+	var n struct {
+		Event struct {
+			RepetitionID *string `json:"repetitionId"`
+		} `json:"event"`
+	}
+	if json.Unmarshal(body, &n) == nil && n.Event.RepetitionID != nil {
+		if run, i, ok := parseProbeID(*n.Event.RepetitionID); ok {
+			s.mu.Lock()
+			if run == s.run && i < len(s.sent) && !s.sent[i].IsZero() && !s.seen[i] {
+				s.seen[i] = true
+				s.arrivals = append(s.arrivals, now.Sub(s.sent[i]))
+			}
+			s.mu.Unlock()
+		}
+	}
+	w.WriteHeader(http.StatusOK)
+}
