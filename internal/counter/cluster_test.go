@@ -40,22 +40,31 @@ func testCluster(t *testing.T) *redis.ClusterClient {
 	if addrs[0] == "" {
 		addrs = startCluster(t)
 	}
+	ctx := context.Background()
+	// Every node must see every slot served before the first command, or
+	// one may still answer CLUSTERDOWN.
+	deadline := time.Now().Add(30 * time.Second)
+	for _, addr := range addrs {
+		node := redis.NewClient(&redis.Options{Addr: addr})
+		for {
+			info, err := node.ClusterInfo(ctx).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_slots_ok:16384") {
+				break
+			}
+			if time.Now().After(deadline) {
+				node.Close()
+				t.Fatalf("Redis Cluster node %s not ready: %v %q", addr, err, info)
+			}
+			time.Sleep(100 * time.Millisecond) // polling a condition with a deadline
+		}
+		node.Close()
+	}
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 	t.Cleanup(func() { rdb.Close() })
-	ctx := context.Background()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		info, err := rdb.ClusterInfo(ctx).Result()
-		if err == nil && strings.Contains(info, "cluster_state:ok") {
-			if err := rdb.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return c.Ping(ctx).Err() }); err == nil {
-				return rdb
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Redis Cluster %v not ready: %v %q", addrs, err, info)
-		}
-		time.Sleep(100 * time.Millisecond) // polling a condition with a deadline
+	if err := rdb.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return c.Ping(ctx).Err() }); err != nil {
+		t.Fatalf("Redis Cluster %v: %v", addrs, err)
 	}
+	return rdb
 }
 
 func startCluster(t *testing.T) []string {
