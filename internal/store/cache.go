@@ -54,8 +54,9 @@ type Cache struct {
 	opts CacheOptions
 	snap atomic.Pointer[Snapshot]
 
-	mu     sync.Mutex           // serializes loads; guards logged
+	mu     sync.Mutex           // serializes loads; guards logged and digest
 	logged map[Problem]struct{} // problems of the last good load, all logged
+	digest string               // of the specs the snapshot was compiled from
 }
 
 // NewCache returns a cache of src, empty (not Ready) until the first load.
@@ -106,7 +107,14 @@ func (c *Cache) Refresh(ctx context.Context) error {
 		c.report(LoadResult{Err: err, Duration: time.Since(begin), Served: c.snap.Load()})
 		return err
 	}
+	if cur := c.snap.Load(); cur != nil && specs.Digest != "" && specs.Digest == c.digest {
+		// Unchanged: parsing and compiling thousands of rules every few
+		// seconds would cost the worker more than anything else it does.
+		c.report(LoadResult{Duration: time.Since(begin), Served: cur})
+		return nil
+	}
 	snap := Compile(specs, begin)
+	c.digest = specs.Digest
 	c.snap.Store(snap)
 	c.logNewProblems(snap.Problems())
 	c.report(LoadResult{Duration: time.Since(begin), Served: snap})

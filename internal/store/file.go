@@ -2,12 +2,15 @@ package store
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"reflect"
 	"regexp"
 	"strings"
+	"sync"
 
 	"gopkg.in/yaml.v3"
 
@@ -35,6 +38,9 @@ import (
 // skip the rule.
 type FileSource struct {
 	path string
+
+	mu   sync.Mutex
+	last Specs // what the file held at the last Load, with its Digest
 }
 
 // NewFileSource returns a source reading the YAML file at path.
@@ -53,11 +59,25 @@ func (s *FileSource) Load(context.Context) (Specs, error) {
 	if err != nil {
 		return Specs{}, fmt.Errorf("read rules file: %w", err)
 	}
+	digest := digestOf(data)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.last.Digest == digest {
+		return s.last, nil
+	}
 	specs, err := parseRulesFile(data)
 	if err != nil {
 		return Specs{}, fmt.Errorf("rules file %s: %w", s.path, err)
 	}
+	specs.Digest = digest
+	s.last = specs
 	return specs, nil
+}
+
+// digestOf identifies content, for Specs.Digest.
+func digestOf(data []byte) string {
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
 }
 
 // parseRulesFile decodes the YAML rules file data.

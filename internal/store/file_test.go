@@ -356,3 +356,28 @@ func TestCompile(t *testing.T) {
 		t.Error("ValidProjectID")
 	}
 }
+
+// An unchanged file is neither parsed nor compiled again: the very same
+// snapshot keeps serving; an edit replaces it.
+func TestCacheSkipsUnchangedFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	writeFile(t, path, rulesFile("100"))
+	cache := store.NewCache(store.NewFileSource(path), store.CacheOptions{})
+	if err := cache.Refresh(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	first := cache.Snapshot()
+	if err := cache.Refresh(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if cache.Snapshot() != first {
+		t.Error("an unchanged file was compiled again")
+	}
+	writeFile(t, path, rulesFile("7"))
+	if err := cache.Refresh(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if cache.Snapshot() == first || cache.Rules("5e3eef0679fa3700a0198a49")[0].Windows[0].Threshold != 7 {
+		t.Error("an edited file was not compiled again")
+	}
+}

@@ -2,8 +2,12 @@ package store
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -26,6 +30,9 @@ const DefaultMongoDatabase = "hawk"
 type MongoSource struct {
 	client   *mongo.Client
 	projects *mongo.Collection
+
+	mu   sync.Mutex
+	last Specs // what the last Load read, with its Digest
 }
 
 // NewMongoSource returns a source reading the database named by the URL's
@@ -78,13 +85,13 @@ func (s *MongoSource) Load(ctx context.Context) (Specs, error) {
 	if err != nil {
 		return Specs{}, fmt.Errorf("find projects in %s.%s: %w", s.Database(), s.projects.Name(), err)
 	}
-	specs := Specs{Projects: map[string][]rules.Spec{}}
+	// Read every document first and decode only if something changed.
+	var docs []bson.Raw
+	hash := sha256.New()
 	for cursor.Next(ctx) {
-		projectID, ruleSpecs, problems := decodeProject(cursor.Current)
-		specs.Problems = append(specs.Problems, problems...)
-		if projectID != "" && len(ruleSpecs) > 0 {
-			specs.Projects[projectID] = ruleSpecs
-		}
+		doc := slices.Clone(cursor.Current) // the cursor reuses its buffer
+		hash.Write(doc)
+		docs = append(docs, doc)
 	}
 	err = cursor.Err()
 	if closeErr := cursor.Close(context.WithoutCancel(ctx)); err == nil {
@@ -93,6 +100,21 @@ func (s *MongoSource) Load(ctx context.Context) (Specs, error) {
 	if err != nil {
 		return Specs{}, fmt.Errorf("read projects from %s.%s: %w", s.Database(), s.projects.Name(), err)
 	}
+	digest := hex.EncodeToString(hash.Sum(nil))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.last.Digest == digest {
+		return s.last, nil
+	}
+	specs := Specs{Projects: map[string][]rules.Spec{}, Digest: digest}
+	for _, doc := range docs {
+		projectID, ruleSpecs, problems := decodeProject(doc)
+		specs.Problems = append(specs.Problems, problems...)
+		if projectID != "" && len(ruleSpecs) > 0 {
+			specs.Projects[projectID] = ruleSpecs
+		}
+	}
+	s.last = specs
 	return specs, nil
 }
 

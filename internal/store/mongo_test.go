@@ -319,6 +319,10 @@ func TestMongoSourceRuleEditAfterRefresh(t *testing.T) {
 		t.Fatalf("threshold %d, want 10", got)
 	}
 	before := cache.Rules(projectA)
+	unchanged := cache.Snapshot()
+	if threshold(); cache.Snapshot() != unchanged {
+		t.Error("unchanged documents were compiled again")
+	}
 
 	if _, err := coll.ReplaceOne(ctx, bson.D{{Key: "_id", Value: oid(t, projectA)}}, project(int64(25), true)); err != nil {
 		t.Fatal(err)

@@ -40,6 +40,10 @@ type Specs struct {
 	// Problems are projects and rules the source could not read; they are
 	// not in Projects.
 	Problems []Problem
+	// Digest identifies what was read: equal digests, equal rules. A source
+	// that finds its content unchanged returns its last Specs as they were,
+	// and the cache serves its snapshot as it is. Empty means unknown.
+	Digest string
 }
 
 // Problem is something wrong with one rule, or one project's rules.
