@@ -68,8 +68,8 @@ const (
 	defaultTelegramAPI = "https://api.telegram.org"
 	defaultLogLevel    = "info"
 	defaultRole        = string(RoleAll)
-	defaultPrefetch    = 1000
-	defaultBatchSize   = 256
+	defaultPrefetch    = 2000
+	defaultBatchSize   = 1000
 	defaultDedupTTL    = 10 * time.Minute
 	defaultRefresh     = 5 * time.Second
 	defaultSendTimeout = 10 * time.Second
