@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
 	"strconv"
 	"time"
@@ -10,14 +9,10 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/klaxonhq/klaxon/internal/baseline"
 	"github.com/klaxonhq/klaxon/internal/event"
 	"github.com/klaxonhq/klaxon/internal/store"
 )
-
-// hawkLua is Hawk's fixed-window counter, for comparison only; see hawk.lua.
-//
-//go:embed hawk.lua
-var hawkLua string
 
 // hawkBaseline processes events the way Hawk's notifier does: one message at
 // a time; per event and per matching SEEN_MORE rule one EVALSHA of Hawk's
@@ -39,7 +34,7 @@ func newHawkBaseline(ctx context.Context, rdb *redis.Client, rulesFile, prefix, 
 	if err != nil {
 		return nil, fmt.Errorf("hawk baseline rules: %w", err)
 	}
-	h := &hawkBaseline{rdb: rdb, script: redis.NewScript(hawkLua), rules: store.Compile(specs, time.Now()), prefix: prefix, out: out}
+	h := &hawkBaseline{rdb: rdb, script: redis.NewScript(baseline.HawkLua), rules: store.Compile(specs, time.Now()), prefix: prefix, out: out}
 	if err := h.script.Load(ctx, rdb).Err(); err != nil {
 		return nil, fmt.Errorf("load hawk.lua: %w", err)
 	}

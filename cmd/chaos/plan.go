@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -365,15 +366,7 @@ func modelFirings(gr *group, order []message, projectRules []*rules.Rule) ([]fir
 			}
 		}
 	}
-	slices.SortFunc(out, func(a, b firing) int {
-		switch {
-		case a.ID < b.ID:
-			return -1
-		case a.ID > b.ID:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b firing) int { return strings.Compare(a.ID, b.ID) })
 	return out, nil
 }
 

@@ -2,7 +2,6 @@ package counter
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
 	"strconv"
 	"strings"
@@ -12,14 +11,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/klaxonhq/klaxon/internal/baseline"
 	"github.com/klaxonhq/klaxon/internal/rules"
 )
-
-//go:embed testdata/hawk.lua
-var hawkLua string
-
-//go:embed testdata/zlog.lua
-var zlogLua string
 
 // algorithm is one way of counting a stream of events for one rule:
 // observe sends a batch in one pipeline and returns how many fired.
@@ -31,7 +25,7 @@ type algorithm struct {
 func algorithms(tb testing.TB, rdb *tripCounter, prefix string, rule *rules.Rule) []algorithm {
 	e := New(rdb.Client, Options{Prefix: prefix})
 	w := rule.Windows[0]
-	baseline := func(script *redis.Script, key string, extra bool) func(context.Context, []Event) (int, error) {
+	perEvent := func(script *redis.Script, key string, extra bool) func(context.Context, []Event) (int, error) {
 		if err := script.Load(context.Background(), rdb.Client).Err(); err != nil {
 			tb.Fatal(err)
 		}
@@ -67,8 +61,8 @@ func algorithms(tb testing.TB, rdb *tripCounter, prefix string, rule *rules.Rule
 			}
 			return fired, err
 		}},
-		{"hawk-fixed", baseline(redis.NewScript(hawkLua), "hawk", false)},
-		{"zset-log", baseline(redis.NewScript(zlogLua), "zlog", true)},
+		{"hawk-fixed", perEvent(redis.NewScript(baseline.HawkLua), "hawk", false)},
+		{"zset-log", perEvent(redis.NewScript(baseline.LogLua), "zlog", true)},
 	}
 }
 

@@ -1,6 +1,7 @@
 package deliverer
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -14,6 +15,7 @@ import (
 	mrand "math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -361,16 +363,7 @@ func (d *Deliverer) deliverDigest(ctx context.Context, job *Job, token string) e
 }
 
 func cmpTimeThenID(a, b notify.Notification) int {
-	if c := a.FiredAt.Compare(b.FiredAt); c != 0 {
-		return c
-	}
-	switch {
-	case a.ID < b.ID:
-		return -1
-	case a.ID > b.ID:
-		return 1
-	}
-	return 0
+	return cmp.Or(a.FiredAt.Compare(b.FiredAt), strings.Compare(a.ID, b.ID))
 }
 
 // digestMessage is one message for the notifications of a digest: the
