@@ -18,24 +18,14 @@ import (
 
 const (
 	token      = "123456789:AAF-s3cr3t-t0ken_xyz"
-	nastyTitle = "<b>&*_[x]"
+	nastyTitle = notifytest.NastyTitle
 )
 
 var firedAt = time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 
-func threshold(id, title string) notify.Notification {
-	return notify.Notification{
-		ID: id, Type: notify.TypeThreshold,
-		ProjectID: "5e3eef0679fa3700a0198a49", RuleID: "64ab00000000000000000001",
-		Event: notify.Event{Title: title, GroupHash: "11dabb"},
-		Count: 150, Threshold: 100, Period: 60_000, FiredAt: firedAt,
-		Windows: []notify.WindowStatus{{Threshold: 100, Period: 60_000, Count: 150, ResetAt: firedAt.Add(time.Minute)}},
-	}
-}
+func threshold(id, title string) notify.Notification { return notifytest.Threshold(id, title, firedAt) }
 
-func single(n notify.Notification) *notify.Message {
-	return &notify.Message{ID: n.ID, ProjectID: n.ProjectID, RuleID: n.RuleID, Notifications: []notify.Notification{n}}
-}
+func single(n notify.Notification) *notify.Message { return notifytest.Single(n) }
 
 func newNotifier(t *testing.T, apiURL string) *telegram.Notifier {
 	t.Helper()
