@@ -9,6 +9,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -27,9 +28,16 @@ import (
 const ErrorHeader = "x-klaxon-error"
 
 // Rules gives a project's enabled rules; the hot path calls it per event.
+// Before the first load (the store unreachable at start) it is not Ready:
+// "no rules" then means "not known yet", not "none".
 type Rules interface {
 	Rules(projectID string) []*rules.Rule
+	Ready() bool
 }
+
+// ErrRulesNotLoaded holds a batch while no rules were ever loaded: acking
+// its events as "project without rules" would lose them.
+var ErrRulesNotLoaded = errors.New("no rules loaded yet: holding events until the rule store answers")
 
 // Counter counts events against the rules they matched.
 type Counter interface {
@@ -59,6 +67,9 @@ type Evaluator struct {
 // nothing is acked and the same batch comes again: counting is idempotent by
 // message id, and delivery jobs carry deterministic ids.
 func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
+	if !e.Rules.Ready() {
+		return ErrRulesNotLoaded
+	}
 	var (
 		out    []queue.Message
 		events = make([]counter.Event, 0, len(b.Deliveries))

@@ -2,6 +2,7 @@ package evaluator_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -270,5 +271,30 @@ func TestLowerCaseIsIdempotent(t *testing.T) {
 		if twice := strings.ToLower(once); twice != once {
 			t.Errorf("ToLower(ToLower(%U)) = %q, ToLower once = %q", r, twice, once)
 		}
+	}
+}
+
+// notLoaded is a rule source whose first load has not succeeded.
+type notLoaded struct{}
+
+func (notLoaded) Rules(string) []*rules.Rule { return nil }
+func (notLoaded) Ready() bool                { return false }
+
+// Before any rules were loaded, a batch is held (not acked), not taken as
+// events of projects without rules and dropped.
+func TestHoldsEventsUntilRulesLoaded(t *testing.T) {
+	fc := &fakeCounter{record: true}
+	pub := &fakePublisher{}
+	e, m := newEvaluator(nil, fc, pub)
+	e.Rules = notLoaded{}
+	b := &queue.Batch{Deliveries: []queue.Delivery{delivery(hawk(project, "Database down", "g1", true), "m1")}}
+	if err := e.Handle(context.Background(), b); !errors.Is(err, evaluator.ErrRulesNotLoaded) {
+		t.Fatalf("Handle = %v, want ErrRulesNotLoaded", err)
+	}
+	if len(fc.calls) != 0 || len(pub.msgs) != 0 {
+		t.Errorf("counted %d batches and published %d messages before rules loaded", len(fc.calls), len(pub.msgs))
+	}
+	if got := value(t, m.Events.WithLabelValues("no_rules")); got != 0 {
+		t.Errorf("%v events dropped as without rules", got)
 	}
 }

@@ -127,6 +127,9 @@ func Compile(specs Specs, loadedAt time.Time) *Snapshot {
 	return s
 }
 
+// Ready is true: a snapshot is rules that were loaded.
+func (s *Snapshot) Ready() bool { return true }
+
 // Rules returns the enabled rules of the project, in stored order, or nil.
 // The project id is matched case-insensitively. A nil Snapshot has no rules.
 func (s *Snapshot) Rules(projectID string) []*rules.Rule {
