@@ -153,13 +153,15 @@ type call struct {
 	base   string
 	events []int // indexes into the batch
 	rules  []*rules.Rule
+	index  map[ruleKey]int // into rules
 	args   []any
 	cmd    *redis.Cmd
 }
 
 // Observe counts a batch of events and returns one Result per event, in
-// order; an event without rules costs nothing and gets a zero Result. It costs one Redis round trip (per Cluster node): one script call
-// per (project, group), pipelined. Observing the same batch again after an
+// order; an event without rules costs nothing and gets a zero Result. It
+// costs one Redis round trip (per Cluster node): one script call per
+// (project, group), pipelined. Observing the same batch again after an
 // error is safe for events with an ID.
 func (e *Engine) Observe(ctx context.Context, events []Event) ([]Result, error) {
 	calls := e.plan(events)
@@ -196,9 +198,7 @@ func (e *Engine) plan(events []Event) []*call {
 		}
 		c.events = append(c.events, i)
 		for _, r := range ev.Rules {
-			if indexOf(c.rules, r) < 0 {
-				c.rules = append(c.rules, r)
-			}
+			c.add(r)
 		}
 	}
 	for _, c := range calls {
@@ -207,15 +207,23 @@ func (e *Engine) plan(events []Event) []*call {
 	return calls
 }
 
-// indexOf finds r in rs by id and version, not by pointer: a batch may hold
-// the same rule from two snapshots of the rules, which must share a state.
-func indexOf(rs []*rules.Rule, r *rules.Rule) int {
-	for i, x := range rs {
-		if x == r || x.ID == r.ID && x.Version == r.Version {
-			return i
-		}
+// ruleKey names a rule's state by id and version, not by pointer: a batch
+// may hold the same rule from two snapshots of the rules, which must share
+// a state.
+type ruleKey struct{ id, version string }
+
+// add counts r among the call's rules once, and returns its index there.
+func (c *call) add(r *rules.Rule) int {
+	k := ruleKey{r.ID, r.Version}
+	if i, ok := c.index[k]; ok {
+		return i
 	}
-	return -1
+	if c.index == nil {
+		c.index = make(map[ruleKey]int)
+	}
+	c.index[k] = len(c.rules)
+	c.rules = append(c.rules, r)
+	return len(c.rules) - 1
 }
 
 // args encodes a call as the script's ARGV.
@@ -249,7 +257,7 @@ func (e *Engine) args(c *call, events []Event) []any {
 		}
 		args = append(args, ev.ID, ts, ev.UserID, len(ev.Rules))
 		for _, r := range ev.Rules {
-			args = append(args, indexOf(c.rules, r)+1)
+			args = append(args, c.add(r)+1)
 		}
 	}
 	return args

@@ -465,7 +465,14 @@ func withinResolution(o Outcome, ev Event, _ map[string][]int64, _ []*rules.Rule
 	return nil
 }
 
-func hasRule(rs []*rules.Rule, r *rules.Rule) bool { return indexOf(rs, r) >= 0 }
+func hasRule(rs []*rules.Rule, r *rules.Rule) bool {
+	for _, x := range rs {
+		if x.ID == r.ID && x.Version == r.Version {
+			return true
+		}
+	}
+	return false
+}
 
 func sameResult(got, want Result) error {
 	if got.Duplicate != want.Duplicate {
