@@ -26,6 +26,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
+	"github.com/klaxonhq/klaxon/internal/rules"
 )
 
 //go:embed throttle.lua
@@ -54,8 +55,8 @@ type Limiter interface {
 // webhook one a second.
 func DefaultLimits() map[string][]counter.Limit {
 	return map[string][]counter.Limit{
-		"telegram": {counter.PerSecond(1), counter.PerMinute(20)},
-		"slack":    {counter.PerSecond(1)},
+		rules.Telegram: {counter.PerSecond(1), counter.PerMinute(20)},
+		rules.Slack:    {counter.PerSecond(1)},
 	}
 }
 
