@@ -1,7 +1,8 @@
 // Package counter decides, atomically and for any number of workers, whether
-// an event makes a rule fire. Counts live in Redis and are updated by one Lua
-// script (observe.lua) per (project, group) per batch; model.go states the
-// same semantics in plain Go.
+// an event makes a rule fire. Counts live in Redis and are updated by a Lua
+// script (observe.lua): one call for up to 128 (project, group)s of a batch,
+// or on Redis Cluster one per (project, group); model.go states the same
+// semantics in plain Go.
 //
 // Semantics, per (rule, group):
 //   - An event counts at its own time te: its timestamp clamped to Redis' now,
@@ -130,6 +131,9 @@ type Engine struct {
 	script   *redis.Script
 	prefix   string
 	dedupTTL int64
+	// sharded is true when keys of different hash slots may live on different
+	// nodes (Cluster, Ring): a script call then holds one group only.
+	sharded bool
 }
 
 // New returns an engine on rdb (single node, Sentinel or Cluster).
@@ -140,18 +144,30 @@ func New(rdb redis.UniversalClient, opts Options) *Engine {
 	if opts.DedupTTL <= 0 {
 		opts.DedupTTL = 10 * time.Minute
 	}
+	_, single := rdb.(*redis.Client)
 	return &Engine{
 		rdb:      rdb,
 		script:   redis.NewScript(observeLua),
 		prefix:   opts.Prefix,
 		dedupTTL: opts.DedupTTL.Milliseconds(),
+		sharded:  !single,
 	}
 }
 
-// call is one script call: the events of one (project, group).
-type call struct {
+// groupsPerCall bounds the groups of one script call on a single node.
+const groupsPerCall = 128
+
+// group is the events of one (project, group) in a batch.
+type group struct {
 	base   string
 	events []int // indexes into the batch
+}
+
+// call is one script call: the events of one group or, on a single node,
+// of up to groupsPerCall groups.
+type call struct {
+	groups []*group
+	keys   []string
 	rules  []*rules.Rule
 	index  map[ruleKey]int // into rules
 	args   []any
@@ -160,9 +176,10 @@ type call struct {
 
 // Observe counts a batch of events and returns one Result per event, in
 // order; an event without rules costs nothing and gets a zero Result. It
-// costs one Redis round trip (per Cluster node): one script call per
-// (project, group), pipelined. Observing the same batch again after an
-// error is safe for events with an ID.
+// costs one Redis round trip (per Cluster node): script calls of up to 128
+// (project, group)s, or on Cluster one per (project, group), pipelined.
+// Observing the same batch again after an error is safe for events with an
+// ID.
 func (e *Engine) Observe(ctx context.Context, events []Event) ([]Result, error) {
 	calls := e.plan(events)
 	if len(calls) == 0 {
@@ -174,32 +191,45 @@ func (e *Engine) Observe(ctx context.Context, events []Event) ([]Result, error) 
 	results := make([]Result, len(events))
 	for _, c := range calls {
 		if err := decode(c, events, results); err != nil {
-			return nil, fmt.Errorf("decode reply for %s: %w", c.base, err)
+			return nil, fmt.Errorf("decode reply for %s: %w", c.keys[0], err)
 		}
 	}
 	return results, nil
 }
 
-// plan groups the events by (project, group), keeping their order.
+// plan groups the events by (project, group), keeping their order, and the
+// groups into calls.
 func (e *Engine) plan(events []Event) []*call {
-	byBase := make(map[string]*call)
-	var calls []*call
+	byBase := make(map[string]*group)
+	var groups []*group
 	for i := range events {
 		ev := &events[i]
 		if len(ev.Rules) == 0 {
 			continue
 		}
 		base := e.prefix + ":{" + ev.ProjectID + ":" + ev.GroupHash + "}"
-		c := byBase[base]
-		if c == nil {
-			c = &call{base: base}
-			byBase[base] = c
-			calls = append(calls, c)
+		g := byBase[base]
+		if g == nil {
+			g = &group{base: base}
+			byBase[base] = g
+			groups = append(groups, g)
 		}
-		c.events = append(c.events, i)
-		for _, r := range ev.Rules {
-			c.add(r)
+		g.events = append(g.events, i)
+	}
+	// A call holds one group where groups may live on different nodes, else
+	// up to groupsPerCall groups: enough to pay the call's fixed cost rarely,
+	// few enough that one script does not hold Redis for long.
+	per := groupsPerCall
+	if e.sharded {
+		per = 1
+	}
+	var calls []*call
+	for lo := 0; lo < len(groups); lo += per {
+		c := &call{groups: groups[lo:min(lo+per, len(groups))]}
+		for _, g := range c.groups {
+			c.keys = append(c.keys, g.base)
 		}
+		calls = append(calls, c)
 	}
 	for _, c := range calls {
 		c.args = e.args(c, events)
@@ -228,12 +258,18 @@ func (c *call) add(r *rules.Rule) int {
 
 // args encodes a call as the script's ARGV.
 func (e *Engine) args(c *call, events []Event) []any {
-	size := 3
+	size := 2
+	for _, g := range c.groups {
+		size++
+		for _, i := range g.events {
+			size += 4 + len(events[i].Rules)
+			for _, r := range events[i].Rules {
+				c.add(r)
+			}
+		}
+	}
 	for _, r := range c.rules {
 		size += 4 + 4*len(r.Windows)
-	}
-	for _, i := range c.events {
-		size += 4 + len(events[i].Rules)
 	}
 	args := make([]any, 0, size)
 	args = append(args, e.dedupTTL, len(c.rules))
@@ -248,16 +284,18 @@ func (e *Engine) args(c *call, events []Event) []any {
 				Resolution(w.Period).Milliseconds(), buckets(w.Period))
 		}
 	}
-	args = append(args, len(c.events))
-	for _, i := range c.events {
-		ev := &events[i]
-		ts := int64(-1)
-		if !ev.Time.IsZero() {
-			ts = max(ev.Time.UnixMilli(), 0)
-		}
-		args = append(args, ev.ID, ts, ev.UserID, len(ev.Rules))
-		for _, r := range ev.Rules {
-			args = append(args, c.add(r)+1)
+	for _, g := range c.groups {
+		args = append(args, len(g.events))
+		for _, i := range g.events {
+			ev := &events[i]
+			ts := int64(-1)
+			if !ev.Time.IsZero() {
+				ts = max(ev.Time.UnixMilli(), 0)
+			}
+			args = append(args, ev.ID, ts, ev.UserID, len(ev.Rules))
+			for _, r := range ev.Rules {
+				args = append(args, c.add(r)+1)
+			}
 		}
 	}
 	return args
@@ -270,7 +308,7 @@ func (e *Engine) run(ctx context.Context, calls []*call) error {
 	for attempt := 0; ; attempt++ {
 		_, err := e.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, c := range pending {
-				c.cmd = e.script.EvalSha(ctx, p, []string{c.base}, c.args...)
+				c.cmd = e.script.EvalSha(ctx, p, c.keys, c.args...)
 			}
 			return nil
 		})
@@ -281,7 +319,7 @@ func (e *Engine) run(ctx context.Context, calls []*call) error {
 		for _, c := range pending {
 			if err := c.cmd.Err(); err != nil {
 				if !redis.HasErrorPrefix(err, "NOSCRIPT") {
-					return fmt.Errorf("observe %d events of %s: %w", len(c.events), c.base, err)
+					return fmt.Errorf("observe %d groups from %s: %w", len(c.groups), c.keys[0], err)
 				}
 				missing = append(missing, c)
 			}
@@ -314,70 +352,85 @@ func decode(c *call, events []Event, results []Result) error {
 	if err != nil {
 		return err
 	}
-	p := 0
-	next := func() (int64, error) {
-		if p >= len(vals) {
-			return 0, errors.New("reply too short")
+	r := &reply{vals: vals}
+	for _, g := range c.groups {
+		for _, i := range g.events {
+			results[i] = r.result(&events[i])
 		}
-		p++
-		return vals[p-1], nil
 	}
-	for _, i := range c.events {
-		te, _ := next()
-		dup, _ := next()
-		n, err := next()
-		if err != nil {
-			return err
-		}
-		ev := &events[i]
-		if int(n) != len(ev.Rules) {
-			// A replay of a first observation made with other rules: the
-			// stored outcomes do not line up with today's rules, so report
-			// none rather than guess.
-			if dup == 1 {
-				results[i] = Result{Time: time.UnixMilli(te), Duplicate: true}
-				skipped, err := skipOutcomes(vals[p:], int(n))
-				if err != nil {
-					return err
-				}
-				p += skipped
-				continue
-			}
-			return fmt.Errorf("reply has %d outcomes for %d rules", n, len(ev.Rules))
-		}
-		res := Result{Time: time.UnixMilli(te), Duplicate: dup == 1, Outcomes: make([]Outcome, n)}
-		for k, r := range ev.Rules {
-			fired, _ := next()
-			at, _ := next()
-			rearm, _ := next()
-			which, _ := next()
-			nw, err := next()
-			if err != nil {
-				return err
-			}
-			if p+int(nw) > len(vals) {
-				return errors.New("reply too short")
-			}
-			o := Outcome{
-				Rule:   r,
-				Fired:  fired == 1,
-				Window: int(which),
-				Counts: vals[p : p+int(nw) : p+int(nw)],
-				At:     unixMilli(at),
-				Rearm:  unixMilli(rearm),
-			}
-			p += int(nw)
-			if o.Fired {
-				o.ID = FiringID(ev.ProjectID, r.ID, ev.GroupHash, o.At)
-			}
-			res.Outcomes[k] = o
-		}
-		results[i] = res
+	if r.err != nil {
+		return r.err
 	}
-	if p != len(vals) {
-		return fmt.Errorf("reply has %d values, decoded %d", len(vals), p)
+	if r.p != len(vals) {
+		return fmt.Errorf("reply has %d values, decoded %d", len(vals), r.p)
 	}
 	return nil
+}
+
+// reply reads a script's flat reply; its first error sticks.
+type reply struct {
+	vals []int64
+	p    int
+	err  error
+}
+
+func (r *reply) next() int64 {
+	if r.p >= len(r.vals) {
+		if r.err == nil {
+			r.err = errors.New("reply too short")
+		}
+		return 0
+	}
+	r.p++
+	return r.vals[r.p-1]
+}
+
+// result reads one event's result.
+func (r *reply) result(ev *Event) Result {
+	te, dup, n := r.next(), r.next(), r.next()
+	res := Result{Time: time.UnixMilli(te), Duplicate: dup == 1}
+	if int(n) != len(ev.Rules) {
+		// A replay of a first observation made with other rules: the stored
+		// outcomes do not line up with today's rules, so report none rather
+		// than guess.
+		if dup != 1 && r.err == nil {
+			r.err = fmt.Errorf("reply has %d outcomes for %d rules", n, len(ev.Rules))
+		}
+		for range n {
+			r.outcome(nil)
+		}
+		return res
+	}
+	res.Outcomes = make([]Outcome, n)
+	for k, rule := range ev.Rules {
+		o := r.outcome(rule)
+		if o.Fired {
+			o.ID = FiringID(ev.ProjectID, rule.ID, ev.GroupHash, o.At)
+		}
+		res.Outcomes[k] = o
+	}
+	return res
+}
+
+// outcome reads one rule's outcome.
+func (r *reply) outcome(rule *rules.Rule) Outcome {
+	fired, at, rearm, which, nw := r.next(), r.next(), r.next(), r.next(), r.next()
+	if nw < 0 || r.p+int(nw) > len(r.vals) {
+		if r.err == nil {
+			r.err = errors.New("reply too short")
+		}
+		return Outcome{}
+	}
+	counts := r.vals[r.p : r.p+int(nw) : r.p+int(nw)]
+	r.p += int(nw)
+	return Outcome{
+		Rule:   rule,
+		Fired:  fired == 1,
+		Window: int(which),
+		Counts: counts,
+		At:     unixMilli(at),
+		Rearm:  unixMilli(rearm),
+	}
 }
 
 // unixMilli is t in ms, with 0 (a replay's empty outcome) as the zero time.
@@ -386,15 +439,4 @@ func unixMilli(t int64) time.Time {
 		return time.Time{}
 	}
 	return time.UnixMilli(t)
-}
-
-func skipOutcomes(vals []int64, n int) (int, error) {
-	p := 0
-	for range n {
-		if p+5 > len(vals) {
-			return 0, errors.New("reply too short")
-		}
-		p += 5 + int(vals[p+4])
-	}
-	return p, nil
 }

@@ -254,6 +254,88 @@ func TestRedeliveryIsIdempotent(t *testing.T) {
 	}
 }
 
+// An id is remembered for at least DedupTTL, across the slot boundary of its
+// hash, and forgotten two slots later; the hash expires by itself.
+func TestRedeliveryAcrossDedupSlots(t *testing.T) {
+	rdb := testRedis(t)
+	ctx := context.Background()
+	prefix := testPrefix(t, rdb)
+	ttl := 300 * time.Millisecond
+	e := New(rdb, Options{Prefix: prefix, DedupTTL: ttl})
+	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 100, Period: 60_000}))
+	ev := Event{ID: "m1", ProjectID: project, GroupHash: "g", Rules: []*rules.Rule{rule}}
+	slot := func() int64 { return rdb.Time(ctx).Val().UnixMilli() / ttl.Milliseconds() }
+	waitSlot := func(s int64) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for slot() < s {
+			if time.Now().After(deadline) {
+				t.Fatalf("Redis' clock did not reach slot %d", s)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	first := slot()
+	if r := observe(t, e, ev)[0]; r.Duplicate {
+		t.Fatal("first delivery reported as duplicate")
+	}
+	keys := rdb.Keys(ctx, prefix+":*:m:*").Val()
+	if len(keys) != 1 {
+		t.Fatalf("de-duplication keys %v, want one", keys)
+	}
+	if pttl := rdb.PTTL(ctx, keys[0]).Val(); pttl <= 0 || pttl > 2*ttl {
+		t.Errorf("de-duplication hash TTL %v, want in (0, %v]", pttl, 2*ttl)
+	}
+
+	waitSlot(first + 1)
+	if r := observe(t, e, ev)[0]; !r.Duplicate || r.Outcomes[0].Fired {
+		t.Errorf("redelivery in the next slot: %+v, want a duplicate", r)
+	}
+	waitSlot(first + 2)
+	r := observe(t, e, ev)[0]
+	if r.Duplicate || r.Outcomes[0].Counts[0] != 2 {
+		t.Errorf("redelivery two slots later: %+v, want counted again (2)", r)
+	}
+	if n := rdb.Exists(ctx, keys[0]).Val(); n != 0 {
+		t.Errorf("first slot's hash still exists after its expiry")
+	}
+}
+
+// A batch of more groups than one script call holds is split over several
+// calls, and every result still lands on its own event.
+func TestManyGroupsInOneBatch(t *testing.T) {
+	rdb := testRedis(t)
+	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 2, Period: 60_000}))
+	groups := 3*groupsPerCall + 7
+	start := time.Now().Add(-time.Minute).Truncate(time.Second)
+	var evs []Event
+	for round := range 2 {
+		for g := range groups {
+			evs = append(evs, Event{ID: fmt.Sprint("m", round, "-", g), ProjectID: project,
+				GroupHash: fmt.Sprint("g", g), Time: start.Add(time.Duration(g) * time.Millisecond),
+				Rules: []*rules.Rule{rule}})
+		}
+	}
+	evs = append(evs, Event{ID: "no-rules", ProjectID: project, GroupHash: "g0"})
+	res := observe(t, e, evs...)
+	for i, r := range res[:len(evs)-1] {
+		o := r.Outcomes[0]
+		wantFired := i >= groups
+		if o.Counts[0] != int64(1+i/groups) || o.Fired != wantFired {
+			t.Fatalf("event %d (%s in %s): count %d fired %v, want %d and %v",
+				i, evs[i].ID, evs[i].GroupHash, o.Counts[0], o.Fired, 1+i/groups, wantFired)
+		}
+		if !o.At.Equal(evs[i].Time) {
+			t.Fatalf("event %d: clock %v, want its own time %v", i, o.At, evs[i].Time)
+		}
+	}
+	if last := res[len(res)-1]; last.Outcomes != nil {
+		t.Errorf("event without rules got %+v", last)
+	}
+}
+
 // countBy users counts distinct users, and events without a user not at all.
 func TestCountUsers(t *testing.T) {
 	rdb := testRedis(t)
