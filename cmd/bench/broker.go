@@ -4,68 +4,46 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/klaxonhq/klaxon/internal/queue"
 )
 
-// broker is the bench's own connection to RabbitMQ.
+// broker is the bench's own access to RabbitMQ: a Publisher declares, fills,
+// inspects and deletes queues; a plain connection does what a Publisher does
+// not (consume, purge, publish paced without waiting for confirms).
 type broker struct {
-	url  string
+	*queue.Publisher
 	conn *amqp.Connection
 }
 
 func dialBroker(url string) (*broker, error) {
+	pub, err := queue.NewPublisher(queue.PublisherConfig{URL: url, ConnectionName: "klaxon-bench",
+		Logger: slog.New(slog.DiscardHandler)}) // its failures come back as errors
+	if err != nil {
+		return nil, err
+	}
 	conn, err := amqp.DialConfig(url, amqp.Config{Properties: amqp.Table{"connection_name": "klaxon-bench"}})
 	if err != nil {
+		_ = pub.Close()
 		return nil, fmt.Errorf("connect to RabbitMQ: %w", err)
 	}
-	return &broker{url: url, conn: conn}, nil
+	return &broker{Publisher: pub, conn: conn}, nil
 }
 
-func (b *broker) close() { _ = b.conn.Close() }
+// Close closes both connections.
+func (b *broker) Close() error {
+	return errors.Join(b.Publisher.Close(), b.conn.Close())
+}
 
 // version is RabbitMQ's version as it announced it.
 func (b *broker) version() string {
 	v, _ := b.conn.Properties["version"].(string)
 	return v
-}
-
-// declare declares a durable queue as the worker does (no arguments).
-func (b *broker) declare(name string) error {
-	ch, err := b.conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	defer ch.Close()
-	if _, err := ch.QueueDeclare(name, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("declare queue %s: %w", name, err)
-	}
-	return nil
-}
-
-// depth is the number of messages ready in the queue (not those delivered
-// and unacked).
-func (b *broker) depth(ch *amqp.Channel, name string) (int, error) {
-	q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
-	if err != nil {
-		return 0, fmt.Errorf("inspect queue %s: %w", name, err)
-	}
-	return q.Messages, nil
-}
-
-// deleteQueues deletes the queues, each on its own channel since deleting
-// a queue that does not exist may close the channel.
-func (b *broker) deleteQueues(names ...string) {
-	for _, name := range names {
-		ch, err := b.conn.Channel()
-		if err != nil {
-			return
-		}
-		_, _ = ch.QueueDelete(name, false, false, false)
-		_ = ch.Close()
-	}
 }
 
 // purge empties a queue.
@@ -81,49 +59,23 @@ func (b *broker) purge(name string) error {
 	return nil
 }
 
-// fill publishes n messages made by body to the queue, persistent, with
-// publisher confirms and at most window unconfirmed, and returns once every
-// one is confirmed. done counts confirmed messages for the progress bar.
-func (b *broker) fill(ctx context.Context, queue string, n int, body func(i int) []byte, done *atomic.Int64) error {
-	ch, err := b.conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	defer ch.Close()
-	if err := ch.Confirm(false); err != nil {
-		return fmt.Errorf("confirm mode: %w", err)
-	}
+// fill publishes n messages made by body to the queue name, persistent, and
+// returns once every one is confirmed. It publishes 2000 at a time: done
+// counts confirmed messages for the progress bar.
+func (b *broker) fill(ctx context.Context, name string, n int, body func(i int) []byte, done *atomic.Int64) error {
 	const window = 2000
-	pending := make([]*amqp.DeferredConfirmation, 0, window)
-	wait := func() error {
-		for _, c := range pending {
-			ok, err := c.WaitContext(ctx)
-			if err != nil {
-				return fmt.Errorf("wait for confirm: %w", err)
-			}
-			if !ok {
-				return errors.New("broker nacked a message")
-			}
+	msgs := make([]queue.Message, 0, window)
+	for i := 0; i < n; i += window {
+		msgs = msgs[:0]
+		for j := i; j < min(i+window, n); j++ {
+			msgs = append(msgs, queue.Message{RoutingKey: name, ContentType: "application/json", Body: body(j)})
 		}
-		done.Add(int64(len(pending)))
-		pending = pending[:0]
-		return nil
+		if err := b.Publish(ctx, msgs...); err != nil {
+			return fmt.Errorf("fill %s: %w", name, err)
+		}
+		done.Add(int64(len(msgs)))
 	}
-	for i := range n {
-		c, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false, amqp.Publishing{
-			ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: body(i),
-		})
-		if err != nil {
-			return fmt.Errorf("publish: %w", err)
-		}
-		pending = append(pending, c)
-		if len(pending) == window {
-			if err := wait(); err != nil {
-				return err
-			}
-		}
-	}
-	return wait()
+	return nil
 }
 
 // span is when a consumer got its first delivery and settled its last.
@@ -133,12 +85,12 @@ type span struct {
 
 func (s span) seconds() float64 { return s.last.Sub(s.first).Seconds() }
 
-// consumeAll consumes n messages of queue with the given prefetch and
+// consumeAll consumes n messages of the queue name with the given prefetch and
 // hands each to handle on one goroutine, in order. It returns the span from
 // the first delivery to the moment the broker had processed the last ack
 // (a synchronous call on the same channel follows it). onFirst runs at the
 // first delivery, before handle.
-func (b *broker) consumeAll(ctx context.Context, queue string, n, prefetch int, onFirst func(),
+func (b *broker) consumeAll(ctx context.Context, name string, n, prefetch int, onFirst func(),
 	handle func(ctx context.Context, ch *amqp.Channel, d *amqp.Delivery, last bool) error) (span, error) {
 	var s span
 	ch, err := b.conn.Channel()
@@ -149,9 +101,9 @@ func (b *broker) consumeAll(ctx context.Context, queue string, n, prefetch int, 
 	if err := ch.Qos(prefetch, 0, false); err != nil {
 		return s, fmt.Errorf("qos: %w", err)
 	}
-	deliveries, err := ch.ConsumeWithContext(ctx, queue, "", false, false, false, false, nil)
+	deliveries, err := ch.ConsumeWithContext(ctx, name, "", false, false, false, false, nil)
 	if err != nil {
-		return s, fmt.Errorf("consume %s: %w", queue, err)
+		return s, fmt.Errorf("consume %s: %w", name, err)
 	}
 	for i := range n {
 		var d amqp.Delivery
@@ -176,7 +128,7 @@ func (b *broker) consumeAll(ctx context.Context, queue string, n, prefetch int, 
 	}
 	// Acks are asynchronous: a round trip on the same channel returns once
 	// the broker has processed every frame before it.
-	if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err != nil {
+	if _, err := ch.QueueDeclarePassive(name, true, false, false, false, nil); err != nil {
 		return s, fmt.Errorf("sync after last ack: %w", err)
 	}
 	s.last = time.Now()
@@ -192,7 +144,7 @@ type pacer struct {
 
 // run publishes total messages made by body(i), body(i) called at the
 // moment message i is due (so it can stamp it).
-func (p pacer) run(ctx context.Context, b *broker, queue string, body func(i int) []byte, sent *atomic.Int64) error {
+func (p pacer) run(ctx context.Context, b *broker, name string, body func(i int) []byte, sent *atomic.Int64) error {
 	ch, err := b.conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
@@ -208,7 +160,7 @@ func (p pacer) run(ctx context.Context, b *broker, queue string, body func(i int
 	for i := 0; i < p.total; {
 		due := min(int(time.Since(start).Seconds()*p.rate)+1, p.total)
 		for ; i < due; i++ {
-			err := ch.PublishWithContext(ctx, "", queue, false, false, amqp.Publishing{
+			err := ch.PublishWithContext(ctx, "", name, false, false, amqp.Publishing{
 				ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: body(i),
 			})
 			if err != nil {

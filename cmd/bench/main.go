@@ -294,14 +294,14 @@ func run(ctx context.Context, o options, stderr io.Writer) (rep *Report, err err
 	if b.br, err = dialBroker(o.amqpURL); err != nil {
 		return nil, err
 	}
-	defer b.br.close()
+	defer b.br.Close()
 	rep.Host.RabbitMQ = b.br.version()
 	b.beamPID = findProcess("/proc", "beam.smp", "rabbit")
 	rep.Host.RedisPID, rep.Host.BrokerPID = b.redisPID, b.beamPID
 
 	b.queues = append(b.queues, b.queue, b.queue+".dead", b.prefix+".hawk-out")
 	defer b.cleanup()
-	if err := b.br.declare(b.queue); err != nil {
+	if err := b.br.Declare(ctx, b.queue, nil); err != nil {
 		return nil, err
 	}
 
@@ -387,8 +387,11 @@ func measureRulesLoad(ctx context.Context, path string) (*RulesLoad, error) {
 func (b *bench) cleanup() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	b.br.deleteQueues(b.queues...)
 	if _, err := deleteKeys(ctx, b.rdb, b.prefix); err != nil {
+		b.prog.note("cleanup: %v", err)
+	}
+	// Last: without a broker, Delete keeps reconnecting until ctx ends.
+	if err := b.br.Delete(ctx, b.queues...); err != nil {
 		b.prog.note("cleanup: %v", err)
 	}
 }
@@ -480,7 +483,7 @@ func (b *bench) runHawk(ctx context.Context) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	if err := b.br.declare(h.out); err != nil {
+	if err := b.br.Declare(ctx, h.out, nil); err != nil {
 		return res, err
 	}
 	if err := b.fill(ctx, "Hawk-style"); err != nil {
@@ -652,11 +655,6 @@ func (b *bench) runKlaxon(ctx context.Context, bin, variant string, k int, first
 // number of events, and returns the final metrics. It fails if nothing
 // moves for a minute.
 func (b *bench) waitConsumed(ctx context.Context, ws []*worker, done *atomic.Int64) (map[string]float64, error) {
-	ch, err := b.br.conn.Channel()
-	if err != nil {
-		return nil, fmt.Errorf("open channel: %w", err)
-	}
-	defer ch.Close()
 	last, lastMove := -1, time.Now()
 	stalled := func(progress int) error {
 		if progress != last {
@@ -669,7 +667,7 @@ func (b *bench) waitConsumed(ctx context.Context, ws []*worker, done *atomic.Int
 		return nil
 	}
 	for {
-		depth, err := b.br.depth(ch, b.queue)
+		depth, err := b.br.Depth(ctx, b.queue)
 		if err != nil {
 			return nil, err
 		}
@@ -705,14 +703,9 @@ func (b *bench) waitConsumed(ctx context.Context, ws []*worker, done *atomic.Int
 
 // waitEmpty waits, up to timeout, until queue has no message ready.
 func (b *bench) waitEmpty(ctx context.Context, queue string, timeout time.Duration) {
-	ch, err := b.br.conn.Channel()
-	if err != nil {
-		return
-	}
-	defer ch.Close()
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
-		if n, err := b.br.depth(ch, queue); err != nil || n == 0 {
+		if n, err := b.br.Depth(ctx, queue); err != nil || n == 0 {
 			return
 		}
 		if sleep(ctx, 20*time.Millisecond) != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -12,134 +13,106 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/klaxonhq/klaxon/internal/deliverer"
+	"github.com/klaxonhq/klaxon/internal/queue"
 )
 
-// broker is the tool's own connection to RabbitMQ: it publishes the events
-// and watches queue depths.
+// broker is the tool's own access to RabbitMQ: a Publisher declares,
+// publishes the events, counts ready messages and deletes queues; a plain
+// connection counts consumers and peeks at messages.
 type broker struct {
+	*queue.Publisher
 	conn *amqp.Connection
 
 	mu sync.Mutex
-	ch *amqp.Channel // for passive declares; replaced when a declare fails
+	ch *amqp.Channel // for consumers; replaced when a declare fails
 }
 
 func dialBroker(url string) (*broker, error) {
+	pub, err := queue.NewPublisher(queue.PublisherConfig{URL: url, ConnectionName: "klaxon-chaos",
+		Logger: slog.New(slog.DiscardHandler)}) // its failures come back as errors
+	if err != nil {
+		return nil, err
+	}
 	conn, err := amqp.DialConfig(url, amqp.Config{
 		Dial:       amqp.DefaultDial(5 * time.Second),
 		Properties: amqp.Table{"connection_name": "klaxon-chaos"},
 	})
 	if err != nil {
+		_ = pub.Close()
 		return nil, fmt.Errorf("connect to RabbitMQ: %w", err)
 	}
-	return &broker{conn: conn}, nil
+	return &broker{Publisher: pub, conn: conn}, nil
 }
 
-func (b *broker) close() { _ = b.conn.Close() }
-
-// declare declares a durable queue as the worker does.
-func (b *broker) declare(name string) error {
-	ch, err := b.conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	defer ch.Close()
-	if _, err := ch.QueueDeclare(name, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("declare %s: %w", name, err)
-	}
-	return nil
+// Close closes both connections.
+func (b *broker) Close() error {
+	return errors.Join(b.Publisher.Close(), b.conn.Close())
 }
 
-// publish publishes msgs to queue, persistent, each with its message-id, at
+// publish publishes msgs to the queue name, each with its message-id, at
 // most rate per second (0: as fast as the broker takes them), and returns
 // once the broker confirmed every one.
-func (b *broker) publish(ctx context.Context, queue string, msgs []message, rate int) error {
-	ch, err := b.conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	defer ch.Close()
-	if err := ch.Confirm(false); err != nil {
-		return fmt.Errorf("confirm mode: %w", err)
-	}
-	const window = 512 // confirms outstanding at most
-	pending := make([]*amqp.DeferredConfirmation, 0, window)
-	wait := func() error {
-		for _, c := range pending {
-			ok, err := c.WaitContext(ctx)
-			if err != nil {
-				return fmt.Errorf("publish confirm: %w", err)
-			}
-			if !ok {
-				return errors.New("broker nacked a published event")
-			}
-		}
-		pending = pending[:0]
-		return nil
+func (b *broker) publish(ctx context.Context, name string, msgs []message, rate int) error {
+	step := 512 // confirms outstanding at most
+	if rate > 0 {
+		// Pacing, in steps of 50 events: the stream lasts long enough for
+		// the kills to land in every stage of the work.
+		step = 50
 	}
 	start := time.Now()
-	for i, m := range msgs {
-		if rate > 0 && i%50 == 0 {
-			// Pacing, in steps of 50 events: the stream lasts long enough
-			// for the kills to land in every stage of the work.
+	batch := make([]queue.Message, 0, step)
+	for i := 0; i < len(msgs); i += step {
+		if rate > 0 {
 			if ahead := time.Duration(i)*time.Second/time.Duration(rate) - time.Since(start); ahead > 0 {
 				if err := pause(ctx, ahead); err != nil {
 					return err
 				}
 			}
 		}
-		c, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false, amqp.Publishing{
-			MessageId: m.ID, ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: m.Body,
-		})
-		if err != nil {
-			return fmt.Errorf("publish %s: %w", m.ID, err)
+		batch = batch[:0]
+		for _, m := range msgs[i:min(i+step, len(msgs))] {
+			batch = append(batch, queue.Message{RoutingKey: name, MessageID: m.ID, ContentType: "application/json", Body: m.Body})
 		}
-		pending = append(pending, c)
-		if len(pending) == window {
-			if err := wait(); err != nil {
-				return err
-			}
+		if err := b.Publish(ctx, batch...); err != nil {
+			return fmt.Errorf("publish %d events from %s: %w", len(batch), batch[0].MessageID, err)
 		}
 	}
-	return wait()
+	return nil
 }
 
-// inspect declares queue passively: how many messages it holds ready (not
-// those a consumer holds unacked: AMQP does not tell) and how many
-// consumers it has.
-func (b *broker) inspect(name string) (amqp.Queue, error) {
+// depth is how many messages queue holds ready (not those a consumer holds
+// unacked: AMQP does not tell). It answers after ctx ended too: a run that
+// timed out still counts what it left.
+func (b *broker) depth(ctx context.Context, name string) (int, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	return b.Depth(ctx, name)
+}
+
+// consumers is how many consumers queue has: a passive declare, on a
+// channel kept for it while it lasts.
+func (b *broker) consumers(name string) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.ch == nil || b.ch.IsClosed() {
 		ch, err := b.conn.Channel()
 		if err != nil {
-			return amqp.Queue{}, fmt.Errorf("open channel: %w", err)
+			return 0, fmt.Errorf("open channel: %w", err)
 		}
 		b.ch = ch
 	}
 	q, err := b.ch.QueueDeclarePassive(name, true, false, false, false, nil)
 	if err != nil {
-		return amqp.Queue{}, fmt.Errorf("inspect %s: %w", name, err)
+		return 0, fmt.Errorf("inspect %s: %w", name, err)
 	}
-	return q, nil
-}
-
-// depth is how many messages queue holds ready.
-func (b *broker) depth(name string) (int, error) {
-	q, err := b.inspect(name)
-	return q.Messages, err
-}
-
-// consumers is how many consumers queue has.
-func (b *broker) consumers(name string) (int, error) {
-	q, err := b.inspect(name)
-	return q.Consumers, err
+	return q.Consumers, nil
 }
 
 // depths sums the ready messages of the queues, naming the first non-empty one.
-func (b *broker) depths(names []string) (int, string, error) {
+func (b *broker) depths(ctx context.Context, names []string) (int, string, error) {
 	total, first := 0, ""
 	for _, n := range names {
-		d, err := b.depth(n)
+		d, err := b.depth(ctx, n)
 		if err != nil {
 			return 0, "", err
 		}
@@ -175,26 +148,6 @@ func (b *broker) peek(name string, n int) ([]string, error) {
 		out = append(out, fmt.Sprintf("%s (attempt %d)", m.MessageId, job.Attempt))
 	}
 	return out, nil
-}
-
-// deleteQueues deletes the queues; one that does not exist is no error.
-func (b *broker) deleteQueues(names []string) error {
-	var errs []error
-	for _, n := range names {
-		ch, err := b.conn.Channel()
-		if err != nil {
-			return fmt.Errorf("open channel: %w", err)
-		}
-		if _, err := ch.QueueDelete(n, false, false, false); err != nil {
-			var aerr *amqp.Error
-			if !errors.As(err, &aerr) || aerr.Code != amqp.NotFound {
-				errs = append(errs, fmt.Errorf("delete queue %s: %w", n, err))
-			}
-			continue // the failed delete closed the channel
-		}
-		_ = ch.Close()
-	}
-	return errors.Join(errs...)
 }
 
 // klaxonQueues are the queues the workers declare under prefix: the

@@ -186,7 +186,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer b.close()
+	defer b.Close()
 	qs, err := queuesOf(ctx, res.Prefix)
 	if err != nil {
 		return nil, err
@@ -196,7 +196,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	defer func() {
 		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer ccancel()
-		if err := errors.Join(b.deleteQueues(allQueues), deleteKeys(cctx, rdb, res.Prefix)); err != nil {
+		if err := errors.Join(deleteKeys(cctx, rdb, res.Prefix), b.Delete(cctx, allQueues...)); err != nil {
 			log.Error("clean up", "error", err)
 		}
 	}()
@@ -233,7 +233,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res.Expected, res.Dropped = len(p.Expected), p.Dropped
 	log.Info("plan", "events", res.Events, "groups_kept", p.Kept, "groups_dropped", res.GroupsDropped, "expected", res.Expected)
 
-	if err := b.declare(res.Queue); err != nil {
+	if err := b.Declare(ctx, res.Queue, nil); err != nil {
 		return nil, err
 	}
 	if err := f.startAll(); err != nil {
@@ -279,10 +279,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	res.Starts, res.Kills, res.UnexpectedExits = f.counts()
 	compare(res, p, s.requests(), f)
-	if res.Failed, err = b.depth(qs.failed); err != nil {
+	if res.Failed, err = b.depth(ctx, qs.failed); err != nil {
 		return nil, err
 	}
-	if res.Dead, err = b.depth(res.Queue + ".dead"); err != nil {
+	if res.Dead, err = b.depth(ctx, res.Queue+".dead"); err != nil {
 		return nil, err
 	}
 	res.Elapsed = time.Since(start)
@@ -323,7 +323,7 @@ func killer(ctx context.Context, f *fleet, n int, every time.Duration, rng *mran
 // waitEmpty polls until queue has no ready message.
 func waitEmpty(ctx context.Context, b *broker, queue string) error {
 	for {
-		d, err := b.depth(queue)
+		d, err := b.depth(ctx, queue)
 		if err != nil {
 			return err
 		}
@@ -350,7 +350,7 @@ func settle(ctx context.Context, f *fleet, b *broker, s *sink, work []string, qu
 		stopStart := time.Now()
 		f.stopAll(ctx)
 		log.Info("workers stopped", "took", time.Since(stopStart))
-		total, first, err := b.depths(work)
+		total, first, err := b.depths(ctx, work)
 		if err != nil {
 			return err.Error()
 		}
@@ -372,7 +372,7 @@ func settle(ctx context.Context, f *fleet, b *broker, s *sink, work []string, qu
 func waitQuiet(ctx context.Context, b *broker, s *sink, queues []string, quiet time.Duration) string {
 	since := time.Now()
 	for {
-		total, first, err := b.depths(queues)
+		total, first, err := b.depths(ctx, queues)
 		if err != nil {
 			return err.Error()
 		}

@@ -219,6 +219,45 @@ func (p *Publisher) Depth(ctx context.Context, name string) (int, error) {
 	return q.Messages, nil
 }
 
+// Delete deletes the queues with their messages, for tools and tests that
+// clean up after themselves; a queue that does not exist is not an error. It
+// forgets the queues Declare remembered, or a new connection would bring them
+// back. It tries every name and joins the failures.
+func (p *Publisher) Delete(ctx context.Context, names ...string) error {
+	if len(names) == 0 {
+		return nil
+	}
+	select {
+	case p.sem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	for _, name := range names {
+		delete(p.queues, name)
+	}
+	<-p.sem
+	pc, err := p.connection(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, name := range names {
+		// A channel each: a failed delete closes the one it ran on.
+		ch, err := pc.conn.Channel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("open channel to delete queue %s: %w", name, err))
+			break // the connection is gone
+		}
+		_, err = ch.QueueDelete(name, false, false, false)
+		_ = ch.Close()
+		var aerr *amqp.Error
+		if err != nil && !(errors.As(err, &aerr) && aerr.Code == amqp.NotFound) {
+			errs = append(errs, fmt.Errorf("delete queue %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Close closes the connection. Calls in flight fail; later calls return ErrClosed.
 func (p *Publisher) Close() error {
 	p.shutdown()

@@ -293,3 +293,42 @@ func TestDepth(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+func TestDelete(t *testing.T) {
+	b := newBroker(t)
+	q := b.queueName()
+	locked := b.queueName()
+	pub := newPublisher(t, queue.PublisherConfig{})
+	ctx := t.Context()
+	if err := pub.Declare(ctx, q, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(ctx, queue.Message{RoutingKey: q, Body: []byte("1")}); err != nil {
+		t.Fatal(err)
+	}
+	// Exclusive to the admin connection: deleting it fails, and closes the
+	// channel the delete ran on.
+	ch := b.channel()
+	defer ch.Close()
+	if _, err := ch.QueueDeclare(locked, false, true, true, false, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	err := pub.Delete(ctx, q+".missing", locked, q)
+	var aerr *amqp.Error
+	if !errors.As(err, &aerr) || aerr.Code != amqp.ResourceLocked {
+		t.Errorf("Delete = %v, want the broker's 405 for %s alone", err, locked)
+	}
+	if got := b.ready(q); got != -1 {
+		t.Errorf("queue still there after Delete, holding %d", got)
+	}
+	if err := pub.Delete(ctx, q+".missing"); err != nil {
+		t.Errorf("Delete of a missing queue: %v", err)
+	}
+	// Forgotten: a publish that comes back unroutable does not declare it again.
+	for range 2 {
+		if err := pub.Publish(ctx, queue.Message{RoutingKey: q}); !errors.Is(err, queue.ErrUnroutable) {
+			t.Fatalf("publish to the deleted queue: %v, want ErrUnroutable", err)
+		}
+	}
+}

@@ -35,6 +35,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/klaxonhq/klaxon/internal/queue"
 )
 
 // Environment variables naming the services tests use, and their defaults.
@@ -310,29 +312,16 @@ func DeleteQueuesAtCleanup(t testing.TB, names ...string) {
 // DeleteQueues deletes the named queues, with their messages, from the
 // RabbitMQ at amqpURL. A queue that does not exist is not an error.
 func DeleteQueues(amqpURL string, names ...string) error {
-	if len(names) == 0 {
-		return nil
-	}
-	conn, err := dialAMQP(amqpURL)
+	pub, err := queue.NewPublisher(queue.PublisherConfig{URL: amqpURL, ConnectionName: "klaxon-testenv",
+		Logger: slog.New(slog.DiscardHandler)}) // its failures come back as errors
 	if err != nil {
-		return fmt.Errorf("delete queues %q: connect to %s: %w", names, redact(amqpURL), err)
+		return fmt.Errorf("delete queues %q: %w", names, err)
 	}
-	defer conn.Close()
-	var ch *amqp.Channel
-	for _, name := range names {
-		if ch == nil || ch.IsClosed() {
-			// A failed delete closes the channel; the next one needs a new.
-			if ch, err = conn.Channel(); err != nil {
-				return fmt.Errorf("delete queue %s: open channel: %w", name, err)
-			}
-		}
-		if _, err := ch.QueueDelete(name, false, false, false); err != nil {
-			var amqpErr *amqp.Error
-			if errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound {
-				continue
-			}
-			return fmt.Errorf("delete queue %s: %w", name, err)
-		}
+	defer pub.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
+	defer cancel()
+	if err := pub.Delete(ctx, names...); err != nil {
+		return fmt.Errorf("delete queues %q at %s: %w", names, redact(amqpURL), err)
 	}
 	return nil
 }
