@@ -83,48 +83,58 @@ func stream(rule *rules.Rule, start time.Time, span time.Duration, n, groups int
 
 // BenchmarkAlgorithms compares Klaxon's engine with Hawk's fixed window and
 // the sorted-set log on the same workload: a rule of 10,000 events per
-// minute, events spread over 10 groups, sent in pipelined batches. Reported
-// per algorithm and batch size: events/s, Redis round trips per event,
-// MEMORY USAGE of one key after 10,000 events in 60 s, and alerts missed on
-// DESIGN.md's fixed-window trap. Run:
+// minute, events spread over 10 groups or all in one (a single error's
+// storm), sent in pipelined batches. Reported
+// per algorithm and batch size: events/s, Redis round trips, commands and
+// script time (EVALSHA's usec in INFO commandstats) per event, MEMORY USAGE
+// of one key after 10,000 events in 60 s, and alerts missed on DESIGN.md's
+// fixed-window trap. Run:
 //
 //	go test -run '^$' -bench Algorithms -benchtime 20000x ./internal/counter
 func BenchmarkAlgorithms(b *testing.B) {
 	rdb := countTrips(testRedis(b))
-	ctx := context.Background()
 	rule := mustRule(b, seenMore(rules.WindowSpec{Threshold: 10_000, Period: 60_000}))
 	trapRule := mustRule(b, seenMore(rules.WindowSpec{Threshold: 1000, Period: 120_000}))
-	for _, batch := range []int{1, 10, 100, 256, 1000} {
-		for i, algo := range algorithms(b, rdb, "", rule) {
-			b.Run(fmt.Sprintf("%s/batch=%d", algo.name, batch), func(b *testing.B) {
-				prefix := testPrefix(b, rdb)
-				algo := algorithms(b, rdb, prefix, rule)[i]
-				mem, dedup := memoryPerKey(b, rdb, prefix, rule, i)
-				missed := missedOnTrap(b, rdb, prefix, trapRule, i)
-
-				// 10,000 events a minute over 10 groups, as in a storm.
-				evs := stream(rule, time.Now().Add(-time.Hour), time.Duration(b.N)*6*time.Millisecond, b.N, 10, "bench")
-				commands := commandsProcessed(ctx, rdb)
-				trips := rdb.trips.Load()
-				b.ResetTimer()
-				for lo := 0; lo < len(evs); lo += batch {
-					if _, err := algo.observe(ctx, evs[lo:min(lo+batch, len(evs))]); err != nil {
-						b.Fatal(err)
-					}
-				}
-				b.StopTimer()
-				n := float64(b.N)
-				b.ReportMetric(n/b.Elapsed().Seconds(), "events/s")
-				b.ReportMetric(float64(rdb.trips.Load()-trips)/n, "roundtrips/event")
-				// INFO itself is one command.
-				b.ReportMetric(float64(commandsProcessed(ctx, rdb)-commands-1)/n, "rediscmds/event")
-				b.ReportMetric(mem, "bytes/key")
-				b.ReportMetric(dedup, "dedupbytes/event")
-				b.ReportMetric(float64(missed), "missed/trap")
-				b.ReportMetric(0, "ns/op")
-			})
+	for _, groups := range []int{10, 1} {
+		for _, batch := range []int{1, 10, 100, 256, 1000} {
+			for i, algo := range algorithms(b, rdb, "", rule) {
+				b.Run(fmt.Sprintf("%s/groups=%d/batch=%d", algo.name, groups, batch), func(b *testing.B) {
+					benchmarkAlgorithm(b, rdb, rule, trapRule, i, groups, batch)
+				})
+			}
 		}
 	}
+}
+
+// benchmarkAlgorithm runs algorithm i on 10,000 events a minute over groups,
+// in batches, and reports its metrics.
+func benchmarkAlgorithm(b *testing.B, rdb *tripCounter, rule, trapRule *rules.Rule, i, groups, batch int) {
+	ctx := context.Background()
+	prefix := testPrefix(b, rdb)
+	algo := algorithms(b, rdb, prefix, rule)[i]
+	mem, dedup := memoryPerKey(b, rdb, prefix, rule, i)
+	missed := missedOnTrap(b, rdb, prefix, trapRule, i)
+
+	evs := stream(rule, time.Now().Add(-time.Hour), time.Duration(b.N)*6*time.Millisecond, b.N, groups, "bench")
+	commands, scripts := commandsProcessed(ctx, rdb), scriptMicros(ctx, rdb)
+	trips := rdb.trips.Load()
+	b.ResetTimer()
+	for lo := 0; lo < len(evs); lo += batch {
+		if _, err := algo.observe(ctx, evs[lo:min(lo+batch, len(evs))]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	n := float64(b.N)
+	b.ReportMetric(n/b.Elapsed().Seconds(), "events/s")
+	b.ReportMetric(float64(rdb.trips.Load()-trips)/n, "roundtrips/event")
+	// INFO itself is one command.
+	b.ReportMetric(float64(commandsProcessed(ctx, rdb)-commands-1)/n, "rediscmds/event")
+	b.ReportMetric((scriptMicros(ctx, rdb)-scripts)/n, "scriptµs/event")
+	b.ReportMetric(mem, "bytes/key")
+	b.ReportMetric(dedup, "dedupbytes/event")
+	b.ReportMetric(float64(missed), "missed/trap")
+	b.ReportMetric(0, "ns/op")
 }
 
 // memoryPerKey feeds 10,000 events in 60 s to one group and returns the
@@ -189,6 +199,25 @@ func commandsProcessed(ctx context.Context, rdb *tripCounter) int64 {
 		if v, ok := strings.CutPrefix(line, "total_commands_processed:"); ok {
 			n, _ := strconv.ParseInt(v, 10, 64)
 			return n
+		}
+	}
+	return 0
+}
+
+// scriptMicros is Redis' time in EVALSHA so far, in µs: the scripts' own
+// cost, without the network or the client.
+func scriptMicros(ctx context.Context, rdb *tripCounter) float64 {
+	info := rdb.Info(ctx, "commandstats").Val()
+	for _, line := range strings.Split(info, "\r\n") {
+		stats, ok := strings.CutPrefix(line, "cmdstat_evalsha:")
+		if !ok {
+			continue
+		}
+		for _, kv := range strings.Split(stats, ",") {
+			if v, ok := strings.CutPrefix(kv, "usec="); ok {
+				n, _ := strconv.ParseFloat(v, 64)
+				return n
+			}
 		}
 	}
 	return 0

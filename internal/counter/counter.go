@@ -1,6 +1,6 @@
 // Package counter decides, atomically and for any number of workers, whether
 // an event makes a rule fire. Counts live in Redis and are updated by a Lua
-// script (observe.lua): one call for up to 128 (project, group)s of a batch,
+// script (observe.lua): one call for up to 32 (project, group)s of a batch,
 // or on Redis Cluster one per (project, group); model.go states the same
 // semantics in plain Go.
 //
@@ -155,7 +155,7 @@ func New(rdb redis.UniversalClient, opts Options) *Engine {
 }
 
 // groupsPerCall bounds the groups of one script call on a single node.
-const groupsPerCall = 128
+const groupsPerCall = 32
 
 // group is the events of one (project, group) in a batch.
 type group struct {
@@ -176,7 +176,7 @@ type call struct {
 
 // Observe counts a batch of events and returns one Result per event, in
 // order; an event without rules costs nothing and gets a zero Result. It
-// costs one Redis round trip (per Cluster node): script calls of up to 128
+// costs one Redis round trip (per Cluster node): script calls of up to 32
 // (project, group)s, or on Cluster one per (project, group), pipelined.
 // Observing the same batch again after an error is safe for events with an
 // ID.
