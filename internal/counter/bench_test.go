@@ -116,7 +116,9 @@ func benchmarkAlgorithm(b *testing.B, rdb *tripCounter, rule, trapRule *rules.Ru
 	missed := missedOnTrap(b, rdb, prefix, trapRule, i)
 
 	evs := stream(rule, time.Now().Add(-time.Hour), time.Duration(b.N)*6*time.Millisecond, b.N, groups, "bench")
-	commands, scripts := commandsProcessed(ctx, rdb), scriptMicros(ctx, rdb)
+	// The INFO that reads the commands is the only one they include.
+	scripts := scriptMicros(ctx, rdb)
+	commands := commandsProcessed(ctx, rdb)
 	trips := rdb.trips.Load()
 	b.ResetTimer()
 	for lo := 0; lo < len(evs); lo += batch {
@@ -194,33 +196,30 @@ func missedOnTrap(b *testing.B, rdb *tripCounter, prefix string, rule *rules.Rul
 // commandsProcessed is Redis' count of the commands it ran, scripts' own
 // commands included.
 func commandsProcessed(ctx context.Context, rdb *tripCounter) int64 {
-	info := rdb.Info(ctx, "stats").Val()
-	for _, line := range strings.Split(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, "total_commands_processed:"); ok {
-			n, _ := strconv.ParseInt(v, 10, 64)
+	n, _ := strconv.ParseInt(infoField(ctx, rdb, "stats", "total_commands_processed"), 10, 64)
+	return n
+}
+
+// scriptMicros is Redis' time in EVALSHA so far, in µs: the scripts' own
+// cost, without the network or the client.
+func scriptMicros(ctx context.Context, rdb *tripCounter) float64 {
+	for _, kv := range strings.Split(infoField(ctx, rdb, "commandstats", "cmdstat_evalsha"), ",") {
+		if v, ok := strings.CutPrefix(kv, "usec="); ok {
+			n, _ := strconv.ParseFloat(v, 64)
 			return n
 		}
 	}
 	return 0
 }
 
-// scriptMicros is Redis' time in EVALSHA so far, in µs: the scripts' own
-// cost, without the network or the client.
-func scriptMicros(ctx context.Context, rdb *tripCounter) float64 {
-	info := rdb.Info(ctx, "commandstats").Val()
-	for _, line := range strings.Split(info, "\r\n") {
-		stats, ok := strings.CutPrefix(line, "cmdstat_evalsha:")
-		if !ok {
-			continue
-		}
-		for _, kv := range strings.Split(stats, ",") {
-			if v, ok := strings.CutPrefix(kv, "usec="); ok {
-				n, _ := strconv.ParseFloat(v, 64)
-				return n
-			}
+// infoField is the value of a "key:value" line in a section of INFO.
+func infoField(ctx context.Context, rdb *tripCounter, section, key string) string {
+	for _, line := range strings.Split(rdb.Info(ctx, section).Val(), "\r\n") {
+		if v, ok := strings.CutPrefix(line, key+":"); ok {
+			return v
 		}
 	}
-	return 0
+	return ""
 }
 
 // tripCounter counts the client's round trips: one per command sent alone,
