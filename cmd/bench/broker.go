@@ -13,12 +13,13 @@ import (
 	"github.com/klaxonhq/klaxon/internal/queue"
 )
 
-// broker is the bench's own access to RabbitMQ: a Publisher declares, fills,
-// inspects and deletes queues; a plain connection does what a Publisher does
-// not (consume, purge, publish paced without waiting for confirms).
+// broker is the bench's own access to RabbitMQ: a Publisher declares, fills
+// and deletes queues; a plain connection does what a Publisher does not
+// (consume, purge, publish paced without waiting for confirms, poll depths).
 type broker struct {
 	*queue.Publisher
 	conn *amqp.Connection
+	poll *amqp.Channel // ready's, used from one goroutine at a time
 }
 
 func dialBroker(url string) (*broker, error) {
@@ -44,6 +45,24 @@ func (b *broker) Close() error {
 func (b *broker) version() string {
 	v, _ := b.conn.Properties["version"].(string)
 	return v
+}
+
+// ready is how many messages the queue holds ready. The bench polls it every
+// 20 ms while it measures, so it keeps one channel: a channel opened per poll
+// (Publisher.Depth) would add to the broker CPU being measured.
+func (b *broker) ready(name string) (int, error) {
+	if b.poll == nil || b.poll.IsClosed() {
+		ch, err := b.conn.Channel()
+		if err != nil {
+			return 0, fmt.Errorf("open channel: %w", err)
+		}
+		b.poll = ch
+	}
+	q, err := b.poll.QueueDeclarePassive(name, true, false, false, false, nil)
+	if err != nil {
+		return 0, fmt.Errorf("inspect queue %s: %w", name, err)
+	}
+	return q.Messages, nil
 }
 
 // purge empties a queue.

@@ -667,7 +667,7 @@ func (b *bench) waitConsumed(ctx context.Context, ws []*worker, done *atomic.Int
 		return nil
 	}
 	for {
-		depth, err := b.br.Depth(ctx, b.queue)
+		depth, err := b.br.ready(b.queue)
 		if err != nil {
 			return nil, err
 		}
@@ -705,7 +705,7 @@ func (b *bench) waitConsumed(ctx context.Context, ws []*worker, done *atomic.Int
 func (b *bench) waitEmpty(ctx context.Context, queue string, timeout time.Duration) {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
-		if n, err := b.br.Depth(ctx, queue); err != nil || n == 0 {
+		if n, err := b.br.ready(queue); err != nil || n == 0 {
 			return
 		}
 		if sleep(ctx, 20*time.Millisecond) != nil {
