@@ -101,8 +101,9 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			return fmt.Errorf("declare %s: %w", cfg.DeadQueue(), err)
 		}
 		eval := &evaluator.Evaluator{
-			Rules:         cache,
-			Counter:       counter.New(rdb, counter.Options{Prefix: cfg.Prefix, DedupTTL: cfg.DedupTTL}),
+			Rules: cache,
+			Counter: counter.New(rdb, counter.Options{Prefix: cfg.Prefix, DedupTTL: cfg.DedupTTL,
+				GroupsPerCall: cfg.GroupsPerCall}),
 			Publisher:     pub,
 			DeadQueue:     cfg.DeadQueue(),
 			DeliveryQueue: deliveryQueue(cfg),

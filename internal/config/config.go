@@ -45,6 +45,7 @@ const (
 	EnvRole           = "KLAXON_ROLE"
 	EnvPrefetch       = "KLAXON_PREFETCH"
 	EnvBatchSize      = "KLAXON_BATCH_SIZE"
+	EnvGroupsPerCall  = "KLAXON_REDIS_GROUPS_PER_CALL"
 	EnvDedupTTL       = "KLAXON_DEDUP_TTL"
 	EnvRulesRefresh   = "KLAXON_RULES_REFRESH"
 	EnvSendTimeout    = "KLAXON_SEND_TIMEOUT"
@@ -53,26 +54,27 @@ const (
 
 // Hawk's names for the same settings, and the defaults.
 const (
-	aliasAMQPURL       = "REGISTRY_URL"
-	aliasRedisURL      = "REDIS_URL"
-	aliasMongoURL      = "MONGO_ACCOUNTS_DATABASE_URI"
-	defaultAMQPURL     = "amqp://guest:guest@127.0.0.1:5672/"
-	defaultQueue       = "notifier"
-	defaultRedisURL    = "redis://127.0.0.1:6379/0"
-	defaultMongoURL    = "mongodb://127.0.0.1:27017/hawk"
-	defaultMongoDB     = "hawk"
-	defaultPrefix      = "klaxon"
-	defaultHTTPAddr    = "127.0.0.1:9464"
-	defaultSMTPFrom    = "klaxon@localhost"
-	defaultSMTPTLS     = string(TLSStartTLS)
-	defaultTelegramAPI = "https://api.telegram.org"
-	defaultLogLevel    = "info"
-	defaultRole        = string(RoleAll)
-	defaultPrefetch    = 2000
-	defaultBatchSize   = 1000
-	defaultDedupTTL    = 10 * time.Minute
-	defaultRefresh     = 5 * time.Second
-	defaultSendTimeout = 10 * time.Second
+	aliasAMQPURL         = "REGISTRY_URL"
+	aliasRedisURL        = "REDIS_URL"
+	aliasMongoURL        = "MONGO_ACCOUNTS_DATABASE_URI"
+	defaultAMQPURL       = "amqp://guest:guest@127.0.0.1:5672/"
+	defaultQueue         = "notifier"
+	defaultRedisURL      = "redis://127.0.0.1:6379/0"
+	defaultMongoURL      = "mongodb://127.0.0.1:27017/hawk"
+	defaultMongoDB       = "hawk"
+	defaultPrefix        = "klaxon"
+	defaultHTTPAddr      = "127.0.0.1:9464"
+	defaultSMTPFrom      = "klaxon@localhost"
+	defaultSMTPTLS       = string(TLSStartTLS)
+	defaultTelegramAPI   = "https://api.telegram.org"
+	defaultLogLevel      = "info"
+	defaultRole          = string(RoleAll)
+	defaultPrefetch      = 2000
+	defaultBatchSize     = 1000
+	defaultGroupsPerCall = 32
+	defaultDedupTTL      = 10 * time.Minute
+	defaultRefresh       = 5 * time.Second
+	defaultSendTimeout   = 10 * time.Second
 )
 
 // Variable describes one environment variable Load reads.
@@ -106,6 +108,7 @@ func Variables() []Variable {
 		{EnvRole, "", defaultRole, false, "what this process runs: all, evaluator or deliverer"},
 		{EnvPrefetch, "", strconv.Itoa(defaultPrefetch), false, "unacknowledged messages one worker holds per queue (1-65535)"},
 		{EnvBatchSize, "", strconv.Itoa(defaultBatchSize), false, "most events counted in one Redis call; at most KLAXON_PREFETCH"},
+		{EnvGroupsPerCall, "", strconv.Itoa(defaultGroupsPerCall), false, "(project, group)s counted in one Lua call on a single Redis node or Sentinel (1-1000; always 1 on Cluster); 1 behind a proxy that routes commands by key"},
 		{EnvDedupTTL, "", "10m", false, "how long an AMQP message-id is remembered for de-duplication"},
 		{EnvRulesRefresh, "", "5s", false, "how often rules are reloaded from MongoDB or the file"},
 		{EnvSendTimeout, "", "10s", false, "time limit of one delivery attempt to a provider"},
@@ -139,6 +142,7 @@ type Config struct {
 	Role          Role          // KLAXON_ROLE
 	Prefetch      int           // KLAXON_PREFETCH, 1..65535
 	BatchSize     int           // KLAXON_BATCH_SIZE, 1..Prefetch
+	GroupsPerCall int           // KLAXON_REDIS_GROUPS_PER_CALL, 1..1000
 	DedupTTL      time.Duration // KLAXON_DEDUP_TTL, > 0
 	RulesRefresh  time.Duration // KLAXON_RULES_REFRESH, > 0
 	SendTimeout   time.Duration // KLAXON_SEND_TIMEOUT, > 0
@@ -287,6 +291,7 @@ func Load(getenv func(string) string) (Config, error) {
 	c.LogLevel = l.logLevel()
 	c.Role = l.role()
 	c.Prefetch, c.BatchSize = l.batching()
+	c.GroupsPerCall = l.groupsPerCall()
 	c.DedupTTL = l.duration(EnvDedupTTL, defaultDedupTTL)
 	c.RulesRefresh = l.duration(EnvRulesRefresh, defaultRefresh)
 	c.SendTimeout = l.duration(EnvSendTimeout, defaultSendTimeout)
@@ -582,6 +587,19 @@ func (l *loader) batching() (prefetch, batch int) {
 		}
 	}
 	return prefetch, batch
+}
+
+func (l *loader) groupsPerCall() int {
+	s := l.lookup(EnvGroupsPerCall, "", false)
+	if !s.set() {
+		return defaultGroupsPerCall
+	}
+	n, err := strconv.Atoi(s.value)
+	if err != nil || n < 1 || n > 1000 {
+		l.fail(s, fmt.Sprintf("%q is not a whole number from 1 to 1000", s.value))
+		return defaultGroupsPerCall
+	}
+	return n
 }
 
 // boolean reads a true/false variable (1, t, true, 0, f, false, any case);

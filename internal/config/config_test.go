@@ -38,6 +38,7 @@ func TestLoadDefaults(t *testing.T) {
 		Role:          RoleAll,
 		Prefetch:      2000,
 		BatchSize:     1000,
+		GroupsPerCall: 32,
 		DedupTTL:      10 * time.Minute,
 		RulesRefresh:  5 * time.Second,
 		SendTimeout:   10 * time.Second,
@@ -180,6 +181,7 @@ func TestLoadValues(t *testing.T) {
 		{"trimmed", map[string]string{EnvQueue: " events\n"}, func(c Config) bool { return c.Queue == "events" }},
 		{"small prefetch lowers the default batch", map[string]string{EnvPrefetch: "10"}, func(c Config) bool { return c.Prefetch == 10 && c.BatchSize == 10 }},
 		{"batch", map[string]string{EnvPrefetch: "500", EnvBatchSize: "200"}, func(c Config) bool { return c.BatchSize == 200 }},
+		{"groups per call", map[string]string{EnvGroupsPerCall: "1"}, func(c Config) bool { return c.GroupsPerCall == 1 }},
 		{"durations", map[string]string{EnvDedupTTL: "1h30m", EnvRulesRefresh: "500ms", EnvSendTimeout: "3s"},
 			func(c Config) bool {
 				return c.DedupTTL == 90*time.Minute && c.RulesRefresh == 500*time.Millisecond && c.SendTimeout == 3*time.Second
@@ -261,6 +263,7 @@ func TestLoadInvalid(t *testing.T) {
 		{map[string]string{EnvPrefetch: "0"}, EnvPrefetch, "1 to 65535"},
 		{map[string]string{EnvPrefetch: "70000"}, EnvPrefetch, "1 to 65535"},
 		{map[string]string{EnvBatchSize: "-1"}, EnvBatchSize, "1 or more"},
+		{map[string]string{EnvGroupsPerCall: "0"}, EnvGroupsPerCall, "from 1 to 1000"},
 		{map[string]string{EnvPrefetch: "10", EnvBatchSize: "20"}, EnvBatchSize, "more than KLAXON_PREFETCH (10)"},
 		{map[string]string{EnvDedupTTL: "24"}, EnvDedupTTL, "not a duration"},
 		{map[string]string{EnvRulesRefresh: "0s"}, EnvRulesRefresh, "not positive"},

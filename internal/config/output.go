@@ -35,6 +35,7 @@ func (c Config) attrs() []slog.Attr {
 		slog.String("role", string(c.Role)),
 		slog.Int("prefetch", c.Prefetch),
 		slog.Int("batch_size", c.BatchSize),
+		slog.Int("redis_groups_per_call", c.GroupsPerCall),
 		slog.Duration("dedup_ttl", c.DedupTTL),
 		slog.Duration("rules_refresh", c.RulesRefresh),
 		slog.Duration("send_timeout", c.SendTimeout),

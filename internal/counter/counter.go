@@ -123,6 +123,11 @@ type Options struct {
 	// DedupTTL is how long an event ID is remembered [10m]. A message
 	// redelivered later than that counts again.
 	DedupTTL time.Duration
+	// GroupsPerCall is how many (project, group)s one script call counts
+	// on a single node or Sentinel [32]. Such a call touches keys of several
+	// hash slots: set 1 behind a proxy that routes commands by key. On
+	// Cluster (and Ring) it is always 1.
+	GroupsPerCall int
 }
 
 // Engine counts events in Redis.
@@ -131,9 +136,9 @@ type Engine struct {
 	script   *redis.Script
 	prefix   string
 	dedupTTL int64
-	// sharded is true when keys of different hash slots may live on different
-	// nodes (Cluster, Ring): a script call then holds one group only.
-	sharded bool
+	// groupsPerCall is Options.GroupsPerCall, 1 where keys of different
+	// hash slots may live on different nodes.
+	groupsPerCall int
 }
 
 // New returns an engine on rdb (single node, Sentinel or Cluster).
@@ -144,18 +149,20 @@ func New(rdb redis.UniversalClient, opts Options) *Engine {
 	if opts.DedupTTL <= 0 {
 		opts.DedupTTL = 10 * time.Minute
 	}
-	_, single := rdb.(*redis.Client)
+	if opts.GroupsPerCall <= 0 {
+		opts.GroupsPerCall = 32
+	}
+	if _, single := rdb.(*redis.Client); !single {
+		opts.GroupsPerCall = 1
+	}
 	return &Engine{
-		rdb:      rdb,
-		script:   redis.NewScript(observeLua),
-		prefix:   opts.Prefix,
-		dedupTTL: opts.DedupTTL.Milliseconds(),
-		sharded:  !single,
+		rdb:           rdb,
+		script:        redis.NewScript(observeLua),
+		prefix:        opts.Prefix,
+		dedupTTL:      opts.DedupTTL.Milliseconds(),
+		groupsPerCall: opts.GroupsPerCall,
 	}
 }
-
-// groupsPerCall bounds the groups of one script call on a single node.
-const groupsPerCall = 32
 
 // group is the events of one (project, group) in a batch.
 type group struct {
@@ -163,8 +170,7 @@ type group struct {
 	events []int // indexes into the batch
 }
 
-// call is one script call: the events of one group or, on a single node,
-// of up to groupsPerCall groups.
+// call is one script call: the events of up to groupsPerCall groups.
 type call struct {
 	groups []*group
 	keys   []string
@@ -216,13 +222,9 @@ func (e *Engine) plan(events []Event) []*call {
 		}
 		g.events = append(g.events, i)
 	}
-	// A call holds one group where groups may live on different nodes, else
-	// up to groupsPerCall groups: enough to pay the call's fixed cost rarely,
-	// few enough that one script does not hold Redis for long.
-	per := groupsPerCall
-	if e.sharded {
-		per = 1
-	}
+	// Enough groups a call to pay its fixed cost rarely, few enough that one
+	// script, which Redis runs alone, ends within milliseconds.
+	per := e.groupsPerCall
 	var calls []*call
 	for lo := 0; lo < len(groups); lo += per {
 		c := &call{groups: groups[lo:min(lo+per, len(groups))]}

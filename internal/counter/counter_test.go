@@ -323,37 +323,46 @@ func TestRedeliveryAcrossDedupSlots(t *testing.T) {
 	t.Fatal("no attempt kept each call inside one slot")
 }
 
-// A batch of more groups than one script call holds is split over several
-// calls, and every result still lands on its own event.
+// A batch of more groups than one script call holds is split over calls of
+// GroupsPerCall groups (one each behind a key-routing proxy), and every
+// result still lands on its own event.
 func TestManyGroupsInOneBatch(t *testing.T) {
 	rdb := testRedis(t)
-	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
 	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 2, Period: 60_000}))
-	groups := 3*groupsPerCall + 7
+	const groups = 103
 	start := time.Now().Add(-time.Minute).Truncate(time.Second)
-	var evs []Event
-	for round := range 2 {
-		for g := range groups {
-			evs = append(evs, Event{ID: fmt.Sprint("m", round, "-", g), ProjectID: project,
-				GroupHash: fmt.Sprint("g", g), Time: start.Add(time.Duration(g) * time.Millisecond),
-				Rules: []*rules.Rule{rule}})
-		}
-	}
-	evs = append(evs, Event{ID: "no-rules", ProjectID: project, GroupHash: "g0"})
-	res := observe(t, e, evs...)
-	for i, r := range res[:len(evs)-1] {
-		o := r.Outcomes[0]
-		wantFired := i >= groups
-		if o.Counts[0] != int64(1+i/groups) || o.Fired != wantFired {
-			t.Fatalf("event %d (%s in %s): count %d fired %v, want %d and %v",
-				i, evs[i].ID, evs[i].GroupHash, o.Counts[0], o.Fired, 1+i/groups, wantFired)
-		}
-		if !o.At.Equal(evs[i].Time) {
-			t.Fatalf("event %d: clock %v, want its own time %v", i, o.At, evs[i].Time)
-		}
-	}
-	if last := res[len(res)-1]; last.Outcomes != nil {
-		t.Errorf("event without rules got %+v", last)
+	for _, tc := range []struct{ option, per int }{{0, 32}, {16, 16}, {1, 1}} {
+		t.Run(fmt.Sprint("GroupsPerCall=", tc.option), func(t *testing.T) {
+			e := New(rdb, Options{Prefix: testPrefix(t, rdb), GroupsPerCall: tc.option})
+			var evs []Event
+			for round := range 2 {
+				for g := range groups {
+					evs = append(evs, Event{ID: fmt.Sprint("m", round, "-", g), ProjectID: project,
+						GroupHash: fmt.Sprint("g", g), Time: start.Add(time.Duration(g) * time.Millisecond),
+						Rules: []*rules.Rule{rule}})
+				}
+			}
+			evs = append(evs, Event{ID: "no-rules", ProjectID: project, GroupHash: "g0"})
+			calls := e.plan(evs)
+			if want := (groups + tc.per - 1) / tc.per; len(calls) != want {
+				t.Fatalf("%d script calls for %d groups, want %d", len(calls), groups, want)
+			}
+			res := observe(t, e, evs...)
+			for i, r := range res[:len(evs)-1] {
+				o := r.Outcomes[0]
+				wantFired := i >= groups
+				if o.Counts[0] != int64(1+i/groups) || o.Fired != wantFired {
+					t.Fatalf("event %d (%s in %s): count %d fired %v, want %d and %v",
+						i, evs[i].ID, evs[i].GroupHash, o.Counts[0], o.Fired, 1+i/groups, wantFired)
+				}
+				if !o.At.Equal(evs[i].Time) {
+					t.Fatalf("event %d: clock %v, want its own time %v", i, o.At, evs[i].Time)
+				}
+			}
+			if last := res[len(res)-1]; last.Outcomes != nil {
+				t.Errorf("event without rules got %+v", last)
+			}
+		})
 	}
 }
 
