@@ -169,55 +169,65 @@ func declareQueue(conn *amqp.Connection, log *slog.Logger, name string, args amq
 }
 
 // connState tracks whether a component is connected, calls the hook and logs
-// once per change: a broker that stays down for an hour is one log line
-// (plus one per new kind of error), not one per retry.
+// once per change: a broker that stays down for an hour is one log line,
+// then a reminder a minute with the count of failed attempts, not a line per
+// retry. Errors are not compared: theirs name a new local port every time.
 type connState struct {
-	log  *slog.Logger
-	hook func(bool)
-	up   atomic.Bool
+	log    *slog.Logger
+	hook   func(bool)
+	remind time.Duration
+	up     atomic.Bool
 
-	mu      sync.Mutex
-	lastErr string
+	mu       sync.Mutex
+	failures int       // failed attempts since the last connection
+	logged   time.Time // when a failure was last logged
 }
 
 func newConnState(log *slog.Logger, hook func(bool)) *connState {
-	return &connState{log: log, hook: hook}
+	return &connState{log: log, hook: hook, remind: time.Minute}
 }
 
 // setUp records a working connection.
 func (s *connState) setUp() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.lastErr = ""
+	failures := s.failures
+	s.failures = 0
 	if s.up.Swap(true) {
 		return
 	}
-	s.log.Info("rabbitmq connected")
+	if failures > 0 {
+		s.log.Info("rabbitmq connected", "failed_attempts", failures)
+	} else {
+		s.log.Info("rabbitmq connected")
+	}
 	if s.hook != nil {
 		s.hook(true)
 	}
 }
 
-// setDown records a lost or failed connection; err may be nil for a
+// setDown records a lost connection or a failed attempt; err is nil for a
 // deliberate close.
 func (s *connState) setDown(err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	wasUp := s.up.Swap(false)
-	msg := ""
-	if err != nil {
-		msg = err.Error()
-	}
 	switch {
 	case wasUp && err == nil:
 		s.log.Info("rabbitmq connection closed")
 	case wasUp:
-		s.log.Warn("rabbitmq connection lost", "err", msg)
-	case err != nil && msg != s.lastErr:
-		s.log.Warn("rabbitmq unavailable", "err", msg)
-	}
-	if err != nil {
-		s.lastErr = msg
+		s.log.Warn("rabbitmq connection lost", "err", err)
+	case err == nil:
+	default:
+		s.failures++
+		switch now := time.Now(); {
+		case s.failures == 1:
+			s.log.Warn("rabbitmq unavailable", "err", err)
+			s.logged = now
+		case now.Sub(s.logged) >= s.remind:
+			s.log.Warn("rabbitmq still unavailable", "failed_attempts", s.failures, "err", err)
+			s.logged = now
+		}
 	}
 	if wasUp && s.hook != nil {
 		s.hook(false)

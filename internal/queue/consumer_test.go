@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -463,8 +464,20 @@ func TestUnreachableBrokerIsLoggedOnceWithoutCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = ln.Close() })
+	// A broker that hangs up on every connection, counting the attempts.
+	var attempts atomic.Int64
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			attempts.Add(1)
+			_ = conn.Close()
+		}
+	}()
 	addr := ln.Addr().String()
-	_ = ln.Close() // nothing listens there now
 
 	log, logs := newLogger(t)
 	_, r := startConsumer(t, queue.ConsumerConfig{
@@ -474,7 +487,10 @@ func TestUnreachableBrokerIsLoggedOnceWithoutCredentials(t *testing.T) {
 	if !eventually(5*time.Second, func() bool { return strings.Contains(logs.String(), "rabbitmq unavailable") }) {
 		t.Fatal("the failure was not logged")
 	}
-	time.Sleep(200 * time.Millisecond) // many more attempts fail meanwhile
+	first := attempts.Load()
+	if !eventually(5*time.Second, func() bool { return attempts.Load() >= first+5 }) {
+		t.Fatalf("%d connection attempts, want at least %d", attempts.Load(), first+5)
+	}
 	r.stop(t, 5*time.Second)
 
 	out := logs.String()

@@ -1,6 +1,9 @@
 package queue
 
 import (
+	"errors"
+	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -69,5 +72,43 @@ func TestURLsNeverShowPasswords(t *testing.T) {
 	}
 	if err := validateURL("amqp://guest:guest@127.0.0.1:5672/"); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestConnStateLogsOutagesNotRetries: a broker that stays away is one line,
+// then one reminder an interval however many attempts fail, and the
+// reconnection says how many did.
+func TestConnStateLogsOutagesNotRetries(t *testing.T) {
+	var out strings.Builder
+	var ups []bool
+	s := newConnState(slog.New(slog.NewTextHandler(&out, nil)), func(up bool) { ups = append(ups, up) })
+	s.remind = time.Hour
+	s.setUp()
+	s.setDown(errors.New("read: connection reset by peer"))
+	for i := range 50 {
+		s.setDown(fmt.Errorf("dial tcp 127.0.0.1:%d: connection refused", 40000+i))
+	}
+	s.remind = 0 // the next failure is a reminder's worth later
+	s.setDown(errors.New("dial tcp: connection refused"))
+	s.setUp()
+
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	want := []string{
+		`msg="rabbitmq connected"`,
+		`msg="rabbitmq connection lost"`,
+		`msg="rabbitmq unavailable"`,
+		`msg="rabbitmq still unavailable" failed_attempts=51`,
+		`msg="rabbitmq connected" failed_attempts=51`,
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("logged %d lines, want %d:\n%s", len(lines), len(want), out.String())
+	}
+	for i, w := range want {
+		if !strings.Contains(lines[i], w) {
+			t.Errorf("line %d = %s, want it to contain %s", i, lines[i], w)
+		}
+	}
+	if !slices.Equal(ups, []bool{true, false, true}) {
+		t.Errorf("hook saw %v, want up, down, up", ups)
 	}
 }
