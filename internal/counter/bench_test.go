@@ -71,7 +71,7 @@ func stream(rule *rules.Rule, start time.Time, span time.Duration, n, groups int
 	evs := make([]Event, n)
 	for i := range evs {
 		evs[i] = Event{
-			ID:        idFor(tag, i),
+			ID:        tag + strconv.Itoa(i),
 			ProjectID: project,
 			GroupHash: fmt.Sprint("g", i%groups),
 			Time:      start.Add(span * time.Duration(i) / time.Duration(n)),
@@ -249,13 +249,4 @@ func (t *tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 		t.trips.Add(1)
 		return next(ctx, cmds)
 	}
-}
-
-var noIDs = false
-
-func idFor(tag string, i int) string {
-	if noIDs {
-		return ""
-	}
-	return tag + strconv.Itoa(i)
 }
