@@ -16,3 +16,10 @@ var HawkLua string
 //
 //go:embed zlog.lua
 var LogLua string
+
+// FloorLua is not an algorithm: it issues the commands one event costs any
+// idempotent counter (clock, state read, id check-and-record, state write)
+// with no logic, the lower bound of a call's cost.
+//
+//go:embed floor.lua
+var FloorLua string
