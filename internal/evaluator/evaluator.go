@@ -259,7 +259,7 @@ func Notification(ev *counter.Event, m *event.Message, o *counter.Outcome) notif
 		ProjectID: ev.ProjectID,
 		RuleID:    r.ID,
 		Event: notify.Event{
-			Title:        m.Event.Title,
+			Title:        m.Event.ShortTitle(), // rules matched it whole
 			GroupHash:    m.Event.GroupHash,
 			RepetitionID: m.Event.RepetitionID,
 		},

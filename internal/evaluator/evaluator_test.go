@@ -17,6 +17,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/deliverer"
 	"github.com/klaxonhq/klaxon/internal/evaluator"
+	"github.com/klaxonhq/klaxon/internal/event"
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
@@ -140,16 +141,8 @@ func TestHandleRoutesEveryKindOfMessage(t *testing.T) {
 		t.Fatalf("%d counter calls, want 1", len(fc.calls))
 	}
 	evs := fc.calls[0]
-	var got []string
-	for _, ev := range evs {
-		var ids []string
-		for _, r := range ev.Rules {
-			ids = append(ids, r.ID)
-		}
-		got = append(got, ev.GroupHash+"="+strings.Join(ids, "+"))
-	}
-	if want := "g1=db g4=db g5=new g6=db+new"; strings.Join(got, " ") != want {
-		t.Errorf("counted %q, want %q", strings.Join(got, " "), want)
+	if got, want := counted(evs), "g1=db g4=db g5=new g6=db+new"; got != want {
+		t.Errorf("counted %q, want %q", got, want)
 	}
 	if evs[0].ID != "id:m1" || !strings.HasPrefix(evs[1].ID, "h:") || len(evs[1].ID) != 2+24 {
 		t.Errorf("event ids %q %q", evs[0].ID, evs[1].ID)
@@ -297,4 +290,74 @@ func TestHoldsEventsUntilRulesLoaded(t *testing.T) {
 	if got := value(t, m.Events.WithLabelValues("no_rules")); got != 0 {
 		t.Errorf("%v events dropped as without rules", got)
 	}
+}
+
+// Rules see the whole title, however long: a word past event.MaxTitle still
+// excludes (or includes); only the title the channels get is cut.
+func TestLongTitleMatchedWhole(t *testing.T) {
+	snap := compile(t, map[string][]rules.Spec{project: {
+		{ID: "new", IsEnabled: true, WhatToReceive: rules.OnlyNew, Excluding: []string{"staging"}, Channels: webhook()},
+		{ID: "db", IsEnabled: true, WhatToReceive: rules.OnlyNew, Including: []string{"database"}, Channels: webhook()},
+	}})
+	fc := &fakeCounter{fire: map[string]bool{"new": true, "db": true}, record: true}
+	pub := &fakePublisher{}
+	e, _ := newEvaluator(snap, fc, pub)
+	long := strings.Repeat("x", 2*event.MaxTitle)
+	b := &queue.Batch{Deliveries: []queue.Delivery{
+		delivery(hawk(project, long+" on STAGING", "g1", true), "m1"),    // excluded by "new", not included by "db"
+		delivery(hawk(project, long+" Database down", "g2", true), "m2"), // both
+	}}
+	if err := e.Handle(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := counted(fc.calls[0]), "g2=new+db"; got != want {
+		t.Errorf("counted %q, want %q", got, want)
+	}
+	for _, msg := range pub.msgs {
+		job, err := deliverer.DecodeJob(msg.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(job.Notification.Event.Title); n > event.MaxTitle+len("…") {
+			t.Errorf("a notification carries a title of %d bytes", n)
+		}
+	}
+}
+
+// Hawk writes project ids in lower case, but a 24-hex id in upper case is
+// the same project: it must count in the same counters and fire once.
+func TestUpperCaseProjectIDCountsWithLowerCase(t *testing.T) {
+	snap := compile(t, map[string][]rules.Spec{project: {
+		{ID: "new", IsEnabled: true, WhatToReceive: rules.OnlyNew, Channels: webhook()},
+	}})
+	fc := &fakeCounter{fire: map[string]bool{"new": true}, record: true}
+	pub := &fakePublisher{}
+	e, _ := newEvaluator(snap, fc, pub)
+	b := &queue.Batch{Deliveries: []queue.Delivery{delivery(hawk(strings.ToUpper(project), "x", "g", true), "m1")}}
+	if err := e.Handle(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	if got := fc.calls[0][0].ProjectID; got != project {
+		t.Errorf("counted under project %q, want %q", got, project)
+	}
+	job, err := deliverer.DecodeJob(pub.msgs[0].Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if job.ProjectID != project || job.Notification.ProjectID != project {
+		t.Errorf("job of project %q, notification of %q; want %q", job.ProjectID, job.Notification.ProjectID, project)
+	}
+}
+
+// counted is what a counter call counted: "group=rule+rule" per event.
+func counted(evs []counter.Event) string {
+	var got []string
+	for _, ev := range evs {
+		var ids []string
+		for _, r := range ev.Rules {
+			ids = append(ids, r.ID)
+		}
+		got = append(got, ev.GroupHash+"="+strings.Join(ids, "+"))
+	}
+	return strings.Join(got, " ")
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -15,8 +16,8 @@ import (
 // rather than parsed.
 const MaxSize = 256 << 10
 
-// MaxTitle is how much of a title is kept: matching and messages need no
-// more, and a huge title must not reach every channel.
+// MaxTitle is how much of a title notifications carry (ShortTitle): a huge
+// title must not reach every channel. Rules match the whole title.
 const MaxTitle = 1000
 
 // Message is one incoming message: a Hawk event of a project.
@@ -47,7 +48,17 @@ func (e *Event) Time() time.Time {
 		return time.Time{}
 	}
 	sec, frac := math.Modf(*e.Timestamp)
-	return time.Unix(int64(sec), int64(frac*1e9))
+	// A float64 of today's Unix seconds holds a fraction only to about
+	// 0.2 µs, and .123 is stored as .12299990…: rounding to the microsecond
+	// gives back the digits the producer wrote, where cutting to nanoseconds
+	// would count half of all millisecond timestamps 1 ms early.
+	// time.Unix carries a rounded-up 1e6 µs into the next second.
+	return time.Unix(int64(sec), int64(math.Round(frac*1e6))*1e3)
+}
+
+// ShortTitle is the title cut to MaxTitle bytes, for notifications.
+func (e *Event) ShortTitle() string {
+	return truncate(e.Title, MaxTitle)
 }
 
 // UserID is the affected user's id, or "".
@@ -86,7 +97,10 @@ func Decode(body []byte) (Message, error) {
 	if ts := m.Event.Timestamp; ts != nil && (math.IsNaN(*ts) || *ts <= 0 || *ts > 1e11) {
 		return m, fmt.Errorf("event.timestamp %v is not Unix seconds", *ts)
 	}
-	m.Event.Title = truncate(m.Event.Title, MaxTitle)
+	// Counter keys and firing ids are built from the project id: an
+	// upper-case spelling of a project must count with the lower-case one
+	// (the form Hawk writes and the rule store keys by), not apart from it.
+	m.ProjectID = strings.ToLower(m.ProjectID)
 	return m, nil
 }
 

@@ -59,8 +59,9 @@ func TestHugeTitleTruncated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(m.Event.Title) > MaxTitle+len("…") || !strings.HasSuffix(m.Event.Title, "é…") {
-		t.Errorf("title of %d bytes ends %q", len(m.Event.Title), m.Event.Title[len(m.Event.Title)-8:])
+	short := m.Event.ShortTitle()
+	if len(short) > MaxTitle+len("…") || !strings.HasSuffix(short, "é…") {
+		t.Errorf("title of %d bytes ends %q", len(short), short[len(short)-8:])
 	}
 }
 
@@ -74,5 +75,51 @@ func BenchmarkDecode(b *testing.B) {
 		if _, err := Decode(body); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// One project has one spelling: the counter's keys and the firing ids are
+// built from the project id, so an upper-case id must not count apart from
+// the lower-case one.
+func TestDecodeLowerCasesProjectID(t *testing.T) {
+	m, err := Decode([]byte(`{"projectId":"5E3EEF0679FA3700A0198A49","event":{"title":"t","groupHash":"g","isNew":true}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.ProjectID != "5e3eef0679fa3700a0198a49" {
+		t.Errorf("projectId %q, want it lower-case", m.ProjectID)
+	}
+}
+
+// A timestamp with milliseconds counts at that millisecond: float64 cannot
+// hold .123 exactly, and cutting the fraction's nanoseconds made it .122.
+func TestTimestampMilliseconds(t *testing.T) {
+	for ms := int64(1_700_000_000_000); ms < 1_700_000_001_000; ms++ {
+		ts := float64(ms) / 1000
+		e := Event{Timestamp: &ts}
+		if got := e.Time().UnixMilli(); got != ms {
+			t.Fatalf("timestamp %v counts at %d ms, want %d", ts, got, ms)
+		}
+	}
+	ts := 1_700_000_000.999_999_9 // rounds up to the next second
+	e := Event{Timestamp: &ts}
+	if want := time.Unix(1_700_000_001, 0); !e.Time().Equal(want) {
+		t.Errorf("timestamp %v is %v, want %v", ts, e.Time(), want)
+	}
+}
+
+// Rules match the whole title: a word past MaxTitle still includes or
+// excludes. Only what channels show is cut.
+func TestLongTitleKeptForMatching(t *testing.T) {
+	title := strings.Repeat("x", MaxTitle) + " staging"
+	m, err := Decode([]byte(`{"projectId":"5e3eef0679fa3700a0198a49","event":{"title":"` + title + `","groupHash":"g"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Event.Title != title {
+		t.Errorf("title of %d bytes decoded to %d bytes, want all of it", len(title), len(m.Event.Title))
+	}
+	if short := m.Event.ShortTitle(); len(short) > MaxTitle+len("…") || strings.Contains(short, "staging") {
+		t.Errorf("ShortTitle of %d bytes ends %q", len(short), short[len(short)-10:])
 	}
 }
