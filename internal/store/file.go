@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"reflect"
 	"regexp"
@@ -147,7 +148,14 @@ func decodeRuleList(projectID string, list *yaml.Node) ([]rules.Spec, []Problem)
 			problems = append(problems, problem(fmt.Sprintf("line %d: rule has no id", node.Line)))
 			continue
 		}
-		for _, field := range unknownFields(node, reflect.TypeFor[rules.Spec](), "") {
+		var issues fieldIssues
+		issues.walk(node, reflect.TypeFor[rules.Spec](), "")
+		if len(issues.fractional) > 0 {
+			problems = append(problems, problem(fmt.Sprintf("line %d: %s: want whole numbers",
+				node.Line, strings.Join(issues.fractional, ", "))))
+			continue
+		}
+		for _, field := range issues.unknown {
 			problems = append(problems, Problem{ProjectID: projectID, RuleID: ruleID,
 				Reason: fmt.Sprintf("unknown field %q ignored", field)})
 		}
@@ -169,14 +177,28 @@ func mappingValue(node *yaml.Node, key string) *yaml.Node {
 	return nil
 }
 
-// unknownFields lists the keys of node, and of the mappings inside it, that
-// the struct type t does not declare (by yaml tag), as dotted paths under
-// prefix. Map keys (channel names) are not fields: rules.Compile checks them.
-func unknownFields(node *yaml.Node, t reflect.Type, prefix string) []string {
+// fieldIssues is what a rule's YAML holds that decoding it into
+// rules.Spec would drop without an error, as dotted paths under a prefix.
+type fieldIssues struct {
+	// unknown are keys of mappings that the struct type does not declare
+	// (by yaml tag). Map keys (channel names) are not fields:
+	// rules.Compile checks them.
+	unknown []string
+	// fractional are integer fields given a number with a fraction, and
+	// that number: yaml.v3 cuts it (threshold 2.5 becomes 2, minPeriod 0.5
+	// becomes 0), where a rule from MongoDB with the same number is skipped.
+	fractional []string
+}
+
+// walk collects the issues of node, decoded into a value of type t.
+func (fi *fieldIssues) walk(node *yaml.Node, t reflect.Type, prefix string) {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	var unknown []string
+	// yaml.v3 decodes an alias (*name) as the node it names.
+	for node.Kind == yaml.AliasNode && node.Alias != nil {
+		node = node.Alias
+	}
 	switch {
 	case node.Kind == yaml.MappingNode && t.Kind() == reflect.Struct:
 		fields := map[string]reflect.Type{}
@@ -191,23 +213,45 @@ func unknownFields(node *yaml.Node, t reflect.Type, prefix string) []string {
 		}
 		for i := 0; i+1 < len(node.Content); i += 2 {
 			name := node.Content[i].Value
-			ft, ok := fields[name]
-			if !ok {
-				unknown = append(unknown, prefix+name)
+			if name == "<<" && node.Content[i].ShortTag() == "!!merge" {
+				// A merge key (<<: *defaults, or a list of them) is no
+				// field: yaml.v3 decodes the keys it brings as this
+				// mapping's own.
+				merged := node.Content[i+1]
+				for merged.Kind == yaml.AliasNode && merged.Alias != nil {
+					merged = merged.Alias
+				}
+				if merged.Kind == yaml.SequenceNode {
+					for _, m := range merged.Content {
+						fi.walk(m, t, prefix)
+					}
+				} else {
+					fi.walk(merged, t, prefix)
+				}
 				continue
 			}
-			unknown = append(unknown, unknownFields(node.Content[i+1], ft, prefix+name+".")...)
+			ft, ok := fields[name]
+			if !ok {
+				fi.unknown = append(fi.unknown, prefix+name)
+				continue
+			}
+			fi.walk(node.Content[i+1], ft, prefix+name+".")
 		}
 	case node.Kind == yaml.MappingNode && t.Kind() == reflect.Map:
 		for i := 0; i+1 < len(node.Content); i += 2 {
-			unknown = append(unknown, unknownFields(node.Content[i+1], t.Elem(), prefix+node.Content[i].Value+".")...)
+			fi.walk(node.Content[i+1], t.Elem(), prefix+node.Content[i].Value+".")
 		}
 	case node.Kind == yaml.SequenceNode && t.Kind() == reflect.Slice:
 		for i, item := range node.Content {
-			unknown = append(unknown, unknownFields(item, t.Elem(), fmt.Sprintf("%s[%d].", strings.TrimSuffix(prefix, "."), i))...)
+			fi.walk(item, t.Elem(), fmt.Sprintf("%s[%d].", strings.TrimSuffix(prefix, "."), i))
+		}
+	case node.Kind == yaml.ScalarNode && node.ShortTag() == "!!float" && t.Kind() == reflect.Int64:
+		// A float literal is never an endpoint: the reason may quote it.
+		var f float64
+		if node.Decode(&f) == nil && f != math.Trunc(f) {
+			fi.fractional = append(fi.fractional, strings.TrimSuffix(prefix, ".")+" "+node.Value)
 		}
 	}
-	return unknown
 }
 
 // yamlQuoted matches the values yaml.v3 quotes in its errors ("cannot

@@ -381,3 +381,117 @@ func TestCacheSkipsUnchangedFile(t *testing.T) {
 		t.Error("an edited file was not compiled again")
 	}
 }
+
+// yaml.v3 cuts the fraction of a number decoded into an integer (threshold
+// 2.5 becomes 2, 0.5 becomes 0): such a rule is skipped, naming the field,
+// as MongoDB's decoding does, rather than run with a threshold nobody wrote.
+func TestFileSourceRejectsFractions(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	writeFile(t, path, `
+5e3eef0679fa3700a0198a49:
+  - id: half-threshold
+    isEnabled: true
+    whatToReceive: SEEN_MORE
+    threshold: 2.5
+    thresholdPeriod: 60000
+  - id: half-window
+    isEnabled: true
+    whatToReceive: SEEN_MORE
+    windows: [{threshold: 5, period: 1500.5}]
+  - id: half-minperiod
+    isEnabled: true
+    whatToReceive: ONLY_NEW
+    channels:
+      webhook: {isEnabled: true, endpoint: "http://x/", minPeriod: 0.5}
+  - id: whole
+    isEnabled: true
+    whatToReceive: SEEN_MORE
+    threshold: 2.0
+    thresholdPeriod: 6e4
+`)
+	log, logs := newLogger()
+	cache := store.NewCache(store.NewFileSource(path), store.CacheOptions{Logger: log})
+	if err := cache.Refresh(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if ids := ruleIDs(cache.Rules("5e3eef0679fa3700a0198a49")); strings.Join(ids, ",") != "whole" {
+		t.Errorf("rules %v, want only the one with whole numbers", ids)
+	}
+	for rule, field := range map[string]string{
+		"half-threshold": "threshold 2.5",
+		"half-window":    "windows[0].period 1500.5",
+		"half-minperiod": "channels.webhook.minPeriod 0.5",
+	} {
+		wantSkipped(t, logs, rule, field)
+	}
+}
+
+// Anchors and merge keys are YAML's way to share settings between rules:
+// what they bring is checked like the rule's own fields, and the merge key
+// is not reported as an unknown field.
+func TestFileSourceAnchorsAndMergeKeys(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	writeFile(t, path, `
+5e3eef0679fa3700a0198a49:
+  - &base
+    id: base
+    isEnabled: true
+    whatToReceive: SEEN_MORE
+    threshold: 5
+    thresholdPeriod: 60000
+    channels: &hook
+      webhook: {isEnabled: true, endpoint: "http://x/", minPeriod: 0}
+  - <<: *base
+    id: merged
+    threshold: 7
+    treshold: 8
+  - id: aliased
+    isEnabled: true
+    whatToReceive: ONLY_NEW
+    channels: *hook
+  - id: anchor-holder
+    isEnabled: false
+    whatToReceive: ONLY_NEW
+    channels: &half
+      webhook: {isEnabled: true, endpoint: "http://x/", minPeriod: 0.5}
+  - id: half-through-alias
+    isEnabled: true
+    whatToReceive: ONLY_NEW
+    channels: *half
+  - <<: [*base]
+    id: half-through-merge
+    thresholdPeriod: 1500.5
+`)
+	log, logs := newLogger()
+	cache := store.NewCache(store.NewFileSource(path), store.CacheOptions{Logger: log})
+	if err := cache.Refresh(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if ids := ruleIDs(cache.Rules("5e3eef0679fa3700a0198a49")); strings.Join(ids, ",") != "base,merged,aliased" {
+		t.Errorf("rules %v, want base,merged,aliased", ids)
+	}
+	if n := logs.count(t, "rule warning", "reason", `unknown field "<<" ignored`); n != 0 {
+		t.Errorf("a merge key was reported as an unknown field\n%s", logs)
+	}
+	if n := logs.count(t, "rule warning", "rule", "merged", "reason", `unknown field "treshold" ignored`); n != 1 {
+		t.Errorf("a typo beside a merge key was not reported\n%s", logs)
+	}
+	for rule, field := range map[string]string{
+		"half-through-alias": "channels.webhook.minPeriod 0.5",
+		"half-through-merge": "thresholdPeriod 1500.5",
+	} {
+		wantSkipped(t, logs, rule, field)
+	}
+}
+
+// wantSkipped checks that rule was logged as skipped for a reason naming field.
+func wantSkipped(t *testing.T, logs *logBuffer, rule, field string) {
+	t.Helper()
+	for _, rec := range logs.records(t, "rule skipped") {
+		reason, _ := rec["reason"].(string)
+		if rec["rule"] == rule && strings.Contains(reason, field) {
+			return
+		}
+	}
+	t.Errorf("no rule skipped for %s naming %q\n%s", rule, field, logs)
+}
