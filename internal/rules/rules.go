@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 )
@@ -231,8 +232,8 @@ func compileWindows(s Spec) ([]Window, []string, error) {
 		if len(s.Windows) > 0 {
 			name = fmt.Sprintf("windows[%d]", i)
 		}
-		if w.Threshold < 1 {
-			return nil, nil, fmt.Errorf("%s: threshold %d must be at least 1", name, w.Threshold)
+		if w.Threshold < 1 || w.Threshold > MaxThreshold {
+			return nil, nil, fmt.Errorf("%s: threshold %d must be from 1 to %d", name, w.Threshold, int64(MaxThreshold))
 		}
 		if w.Period < 1000 {
 			return nil, nil, fmt.Errorf("%s: period %d ms must be at least 1000 ms", name, w.Period)
@@ -258,6 +259,10 @@ func compileWindows(s Spec) ([]Window, []string, error) {
 	}
 	return windows, warnings, nil
 }
+
+// MaxThreshold is the largest threshold: the counter keeps a window's count
+// in 32 bits, so a larger one could never be reached.
+const MaxThreshold = math.MaxUint32
 
 // MaxWindowPeriod is the longest window a rule may have.
 const MaxWindowPeriod = 31 * 24 * time.Hour

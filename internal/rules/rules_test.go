@@ -46,7 +46,8 @@ func TestCompileErrors(t *testing.T) {
 	}{
 		{Spec{WhatToReceive: OnlyNew}, "no id"},
 		{Spec{ID: "r", WhatToReceive: "ALL"}, `whatToReceive "ALL"`},
-		{Spec{ID: "r", WhatToReceive: SeenMore, Threshold: 0, ThresholdPeriod: 60_000}, "threshold 0 must be at least 1"},
+		{Spec{ID: "r", WhatToReceive: SeenMore, Threshold: 0, ThresholdPeriod: 60_000}, "threshold 0 must be from 1 to 4294967295"},
+		{Spec{ID: "r", WhatToReceive: SeenMore, Threshold: 1 << 32, ThresholdPeriod: 60_000}, "threshold 4294967296 must be from 1"},
 		{Spec{ID: "r", WhatToReceive: SeenMore, Threshold: 5, ThresholdPeriod: 999}, "period 999 ms must be at least 1000"},
 		{Spec{ID: "r", WhatToReceive: SeenMore, Windows: []WindowSpec{{5, 60_000}, {0, 1000}}}, "windows[1]: threshold 0"},
 		{Spec{ID: "r", WhatToReceive: SeenMore, Threshold: 5, ThresholdPeriod: 60_000, CountBy: "sessions"}, `countBy "sessions"`},
