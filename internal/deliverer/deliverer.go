@@ -193,9 +193,14 @@ func (d *Deliverer) Handle(ctx context.Context, b *queue.Batch) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if job.Notification == nil {
+			switch {
+			case time.Now().Before(job.NotBefore):
+				// Back from the longest retry queue before the provider's
+				// Retry-After ended: wait again, without a try.
+				errs[i] = d.schedule(ctx, &job, time.Until(job.NotBefore), true)
+			case job.Notification == nil:
 				errs[i] = d.deliverDigest(ctx, &job, claim)
-			} else {
+			default:
 				errs[i] = d.deliver(ctx, &job, claim)
 			}
 		}()
@@ -448,10 +453,17 @@ func (d *Deliverer) send(ctx context.Context, job *Job, key string, msg *notify.
 		}
 		next := *job
 		next.Attempt++
+		// A Retry-After sets the earliest retry, not the pace: taken
+		// instead of the backoff, a short one answered again and again
+		// would spend every attempt within seconds and lose the message.
 		var after notify.RetryAfter
 		delay := backoff(next.Attempt)
 		if errors.As(err, &after) {
-			delay = max(after.RetryAfter(), delays[0])
+			delay = max(after.RetryAfter(), delay)
+		}
+		next.NotBefore = time.Time{}
+		if longest := delays[len(delays)-1]; delay > longest {
+			next.NotBefore = time.Now().Add(delay)
 		}
 		log.Warn("notification failed, will retry", "error", err, "retry_in", delay.String())
 		d.metrics.Notifications.WithLabelValues(job.Channel, "retried").Inc()

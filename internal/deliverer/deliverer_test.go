@@ -3,6 +3,7 @@ package deliverer
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"sync"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
@@ -41,15 +43,23 @@ func (r *recorder) times() []time.Time {
 // runDeliverer runs a deliverer with channel "slack" on queues of its own.
 func runDeliverer(t *testing.T, ch notify.Channel) (*queue.Publisher, string) {
 	t.Helper()
+	pub, d := startDeliverer(t, Config{}, map[string]notify.Channel{"slack": ch})
+	return pub, d.Queue()
+}
+
+// startDeliverer runs a deliverer with cfg (its prefix set for the test) and
+// channels, on queues of its own.
+func startDeliverer(t *testing.T, cfg Config, channels map[string]notify.Channel) (*queue.Publisher, *Deliverer) {
+	t.Helper()
 	url := testenv.AMQPURL(t)
-	prefix := testenv.KeyPrefix(t)
+	cfg.Prefix = testenv.KeyPrefix(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	pub, err := queue.NewPublisher(queue.PublisherConfig{URL: url, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pub.Close() })
-	d := New(Config{Prefix: prefix}, map[string]notify.Channel{"slack": ch}, testenv.Redis(t), pub, log, metrics.New(prometheus.NewRegistry()))
+	d := New(cfg, channels, testenv.Redis(t), pub, log, metrics.New(prometheus.NewRegistry()))
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := d.Declare(ctx, pub); err != nil {
 		t.Fatal(err)
@@ -66,7 +76,7 @@ func runDeliverer(t *testing.T, ch notify.Channel) (*queue.Publisher, string) {
 	done := make(chan struct{})
 	go func() { defer close(done); c.Consume(ctx, d.Handle) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return pub, d.Queue()
+	return pub, d
 }
 
 func job(t *testing.T, id string) queue.Message {
@@ -159,4 +169,136 @@ func TestDigestIDFollowsContent(t *testing.T) {
 	if one.ID != "x" || one.Digest {
 		t.Errorf("a digest of one is that notification: got %+v", one)
 	}
+}
+
+// flaky is a provider that refuses every message as retryable, saying to
+// come back after retryAfter, and notes when each try came.
+type flaky struct {
+	recorder
+	retryAfter time.Duration
+	tried      chan struct{} // gets a value per try
+}
+
+func (f *flaky) Notify(ctx context.Context, endpoint string, m *notify.Message) (bool, error) {
+	_, _ = f.recorder.Notify(ctx, endpoint, m)
+	f.tried <- struct{}{}
+	return true, notify.WithRetryAfter(errors.New("503 Service Unavailable"), f.retryAfter)
+}
+
+// A short Retry-After, answered again and again, must not replace the
+// exponential backoff: the tries would follow each other every
+// Retry-After, and MaxAttempts would be spent in a second or two, so a
+// provider down for a minute would lose the notification for good.
+func TestShortRetryAfterKeepsTheBackoff(t *testing.T) {
+	ch := &flaky{retryAfter: 100 * time.Millisecond, tried: make(chan struct{}, 16)}
+	// No pacing, so that only the retry delay spaces the tries.
+	pub, d := startDeliverer(t, Config{Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"webhook": ch})
+	q := d.Queue()
+	body, err := json.Marshal(Job{
+		Channel: "webhook", Endpoint: "https://hooks.example/T1", ProjectID: "p", RuleID: "r",
+		Notification: &notify.Notification{ID: "n1", Type: notify.TypeNew, FiredAt: time.Now()},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(context.Background(), queue.Message{RoutingKey: q, Body: body}); err != nil {
+		t.Fatal(err)
+	}
+	timeout := time.After(20 * time.Second)
+	for i := range 3 {
+		select {
+		case <-ch.tried:
+		case <-timeout:
+			t.Fatalf("%d of 3 tries made", i)
+		}
+	}
+	sent := ch.times()
+	for n := 1; n < len(sent); n++ {
+		// The wait before retry n is backoff(n): 1 s << (n-1), or half.
+		least := (time.Second << (n - 1)) / 2
+		if gap := sent[n].Sub(sent[n-1]); gap < least*9/10 {
+			t.Errorf("retry %d came %v after the previous try, want at least %v", n, gap, least)
+		}
+	}
+}
+
+// A Retry-After longer than the longest retry queue is honoured all the
+// same: a job that comes back from that queue before the time is parked
+// again, without a try that would be refused and spend an attempt.
+func TestLongRetryAfterIsHonoured(t *testing.T) {
+	ch := &flaky{retryAfter: time.Hour, tried: make(chan struct{}, 16)}
+	pub, d := startDeliverer(t, Config{Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"webhook": ch})
+	body, err := json.Marshal(Job{
+		Channel: "webhook", Endpoint: "https://hooks.example/T1", ProjectID: "p", RuleID: "r",
+		Notification: &notify.Notification{ID: "n1", Type: notify.TypeNew, FiredAt: time.Now()},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(context.Background(), queue.Message{RoutingKey: d.Queue(), Body: body}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ch.tried:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no first try")
+	}
+	// Take the retry from the longest retry queue at once, and hand it back
+	// as if its 512 s were up: an hour early.
+	longest := d.delayQueue(delays[len(delays)-1])
+	retry := takeOne(t, longest)
+	if err := pub.Publish(context.Background(), queue.Message{RoutingKey: d.Queue(), Body: retry}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		select {
+		case <-ch.tried:
+			t.Fatal("retried an hour before the provider's Retry-After")
+		default:
+		}
+		if n, err := pub.Depth(context.Background(), longest); err == nil && n == 1 {
+			break // parked again
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the early job was not parked again")
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
+	}
+	select {
+	case <-ch.tried:
+		t.Fatal("retried an hour before the provider's Retry-After")
+	default:
+	}
+}
+
+// takeOne consumes one message from queue name and returns its body.
+func takeOne(t *testing.T, name string) []byte {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	c, err := queue.NewConsumer(queue.ConsumerConfig{URL: testenv.AMQPURL(t), Queue: name, Prefetch: 1, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var body []byte
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.Consume(ctx, func(_ context.Context, b *queue.Batch) error {
+			if body == nil {
+				body = b.Deliveries[0].Body
+				cancel()
+			} else {
+				b.Requeue(0)
+			}
+			return nil
+		})
+	}()
+	<-done
+	if body == nil {
+		t.Fatalf("nothing came from %s", name)
+	}
+	return body
 }

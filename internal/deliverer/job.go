@@ -6,6 +6,7 @@ package deliverer
 import (
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/klaxonhq/klaxon/internal/notify"
 )
@@ -27,6 +28,10 @@ type Job struct {
 	// Throttled is set once the job passed the minPeriod gate, so that a
 	// retry does not queue it for a digest.
 	Throttled bool `json:"throttled,omitempty"`
+	// NotBefore is when a provider's Retry-After ends, set when it is longer
+	// than the longest retry queue: a job back from that queue earlier waits
+	// again instead of being refused again.
+	NotBefore time.Time `json:"notBefore,omitzero"`
 }
 
 // Key identifies the job for de-duplication: a firing on a channel.
