@@ -134,17 +134,18 @@ func PostJSON(ctx context.Context, client *http.Client, channel, endpoint string
 	for k, vs := range header {
 		req.Header[http.CanonicalHeaderKey(k)] = vs
 	}
-	resp, err := postOnly(client).Do(req)
+	resp, err := PostOnly(client).Do(req)
 	if err != nil {
 		return true, TransportError(channel, err)
 	}
 	return CheckResponse(channel, resp, URLSecrets(endpoint)...)
 }
 
-// postOnly returns a copy of client (sharing its transport) that does not
+// PostOnly returns a copy of client (sharing its transport) that does not
 // follow a redirect turning the POST into a GET (301, 302, 303): the GET's
 // 2xx would pass for a delivery. The 3xx is reported instead, as permanent.
-func postOnly(client *http.Client) *http.Client {
+// A nil client stands for http.DefaultClient.
+func PostOnly(client *http.Client) *http.Client {
 	if client == nil {
 		client = http.DefaultClient
 	}
@@ -196,12 +197,31 @@ func ReadReason(r io.Reader, secrets ...string) string {
 	s := strings.ToValidUTF8(string(b), "")
 	s = strings.Join(strings.Fields(s), " ")
 	s = Redact(s, secrets...)
+	if len(b) == 4*maxReason {
+		// The body may go on: a secret cut by the limit escapes Redact,
+		// and whitespace shrinking can bring its start into view.
+		s = cutSecretStart(s, secrets...)
+	}
 	if len(s) > maxReason {
 		cut := maxReason
 		for cut > 0 && !utf8.RuneStart(s[cut]) {
 			cut--
 		}
 		s = s[:cut] + "…"
+	}
+	return s
+}
+
+// cutSecretStart removes from the end of s the longest start of a secret
+// it ends with, for a text cut at an arbitrary point.
+func cutSecretStart(s string, secrets ...string) string {
+	for _, secret := range secrets {
+		for k := min(len(secret)-1, len(s)); k > 0; k-- {
+			if strings.HasSuffix(s, secret[:k]) {
+				s = s[:len(s)-k]
+				break
+			}
+		}
 	}
 	return s
 }

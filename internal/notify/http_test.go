@@ -222,3 +222,21 @@ func TestPostJSONDoesNotTurnIntoGET(t *testing.T) {
 		t.Errorf("PostJSON = %t, %v after %d GETs; want a permanent 302 and no GET", retry, err, gets.Load())
 	}
 }
+
+// The reason is read from the start of the body only. When that cut falls
+// inside an echo of the URL, the part of the token before it must not show.
+func TestReasonCutInsideTheURL(t *testing.T) {
+	sink := notifytest.NewWebhookSink(t)
+	// Whitespace, as in an indented error page, shrinks to nothing in the
+	// reason, so the echo lands near its start.
+	body := strings.Repeat(" ", 1000) + "Cannot POST " + sink.Path
+	sink.Fail(notifytest.Failure{Status: 404, Body: body})
+	_, err := notify.PostJSON(context.Background(), nil, "webhook", sink.URL, nil, "x")
+	if err == nil {
+		t.Fatal("want an error")
+	}
+	token := strings.TrimPrefix(sink.Path, "/hooks/")
+	if msg := err.Error(); strings.Contains(msg, token[:4]) {
+		t.Errorf("error %q shows the start of the token %q", msg, token)
+	}
+}

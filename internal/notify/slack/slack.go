@@ -54,14 +54,13 @@ func (n *Notifier) Notify(ctx context.Context, webhookURL string, m *notify.Mess
 	if err := notify.CheckURL(Name, webhookURL); err != nil {
 		return false, err
 	}
-	base := n.Client
-	if base == nil {
-		base = http.DefaultClient
-	}
-	rec := &recorder{base: base.Transport, secrets: notify.URLSecrets(webhookURL)}
-	client := *base // a shallow copy shares the transport and its connections
+	// A copy that shares the transport and its connections, and does not
+	// let a redirect turn the POST into a GET whose 200 passes for a
+	// delivery.
+	client := notify.PostOnly(n.Client)
+	rec := &recorder{base: client.Transport, secrets: notify.URLSecrets(webhookURL)}
 	client.Transport = rec
-	err = slackapi.PostWebhookCustomHTTPContext(ctx, webhookURL, &client, payload(m))
+	err = slackapi.PostWebhookCustomHTTPContext(ctx, webhookURL, client, payload(m))
 	if err == nil {
 		return false, nil
 	}

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -226,5 +228,26 @@ func TestBadURLIsPermanent(t *testing.T) {
 	retry, err := slack.New(nil).Notify(context.Background(), "hooks.slack.com/services/s3cr3t", single(threshold("n-1", "A")))
 	if err == nil || retry || strings.Contains(err.Error(), "s3cr3t") {
 		t.Errorf("Notify = %t, %v; want a permanent error without the URL", retry, err)
+	}
+}
+
+// A redirect answered to the POST must not turn it into a GET whose 200
+// passes for a delivery (as http.Client does for 301, 302 and 303).
+func TestRedirectIsNotADelivery(t *testing.T) {
+	var gets atomic.Int32
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /services/old", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/services/new", http.StatusFound)
+	})
+	mux.HandleFunc("/services/new", func(w http.ResponseWriter, r *http.Request) {
+		gets.Add(1)
+		fmt.Fprint(w, "ok")
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	retry, err := slack.New(srv.Client()).Notify(context.Background(), srv.URL+"/services/old", single(threshold("n-1", "A")))
+	var herr *notify.HTTPError
+	if err == nil || retry || !errors.As(err, &herr) || herr.StatusCode != http.StatusFound || gets.Load() != 0 {
+		t.Errorf("Notify = %t, %v after %d GETs; want a permanent 302 and no GET", retry, err, gets.Load())
 	}
 }

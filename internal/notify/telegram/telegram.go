@@ -30,6 +30,10 @@ const DefaultAPIURL = "https://api.telegram.org"
 const (
 	maxText  = 4096
 	maxTitle = 500
+	// maxDetail bounds each line of details: the ids line repeats the
+	// event's repetitionId, which has no length limit. With at most 8
+	// windows, a single message stays well under maxText.
+	maxDetail = 300
 )
 
 // Config is what the channel needs from the operator.
@@ -123,7 +127,11 @@ func classify(err error, status int) (bool, error) {
 	var apiErr *tgbotapi.Error
 	var urlErr *url.Error
 	switch {
-	case errors.As(err, &apiErr):
+	// A Bot API error always has an error_code. Without one, the body was
+	// some other JSON that decoded into nothing (a gateway's {"message":
+	// "Bad Gateway"}): the HTTP status decides below, or a 502 would be
+	// taken for a permanent refusal and the message lost.
+	case errors.As(err, &apiErr) && apiErr.Code != 0:
 		e := &APIError{Code: apiErr.Code, Description: apiErr.Message,
 			RetryAfterSeconds: apiErr.RetryAfter, MigrateToChatID: apiErr.MigrateToChatID}
 		if !notify.RetryableStatus(apiErr.Code) {
@@ -192,7 +200,7 @@ func Text(m *notify.Message) string {
 		it := v.Items[0]
 		lines := []string{"<b>" + escape(notify.Truncate(it.Title, maxTitle)) + "</b>", escape(it.Summary), ""}
 		for _, d := range it.Details {
-			lines = append(lines, escape(d))
+			lines = append(lines, escape(notify.Truncate(d, maxDetail)))
 		}
 		return strings.Join(lines, "\n")
 	}

@@ -153,6 +153,11 @@ func TestRetryClassification(t *testing.T) {
 		{"400 chat not found", notifytest.Failure{Status: 400, Body: "Bad Request: chat not found"}, false, 0},
 		{"403 blocked", notifytest.Failure{Status: 403, Body: "Forbidden: bot was blocked by the user"}, false, 0},
 		{"404 from a proxy", notifytest.Failure{Status: 404, Body: "not here", Raw: true}, false, 0},
+		// Gateways often answer in JSON of their own: it decodes, but is not
+		// a Bot API error and says nothing about the message.
+		{"502 from a proxy, JSON", notifytest.Failure{Status: 502, Body: `{"message":"Bad Gateway"}`, Raw: true}, true, 0},
+		{"503 from a proxy, JSON", notifytest.Failure{Status: 503, Body: `{"error":"upstream unavailable"}`, Raw: true}, true, 0},
+		{"400 from a proxy, JSON", notifytest.Failure{Status: 400, Body: `{"error":"bad request"}`, Raw: true}, false, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := notifytest.NewTelegramServer(t, token)
@@ -228,4 +233,20 @@ func closedAddr(t *testing.T) string {
 	addr := ln.Addr().String()
 	ln.Close()
 	return addr
+}
+
+// Telegram refuses a text over 4096 characters for good: a long
+// repetitionId, which comes from the event as is, must not make the
+// message too long and lose it.
+func TestLongDetailsFit(t *testing.T) {
+	srv := notifytest.NewTelegramServer(t, token)
+	n := threshold("n-1", strings.Repeat("T", 2000))
+	rep := strings.Repeat("r", 5000)
+	n.Event.RepetitionID = &rep
+	if retry, err := newNotifier(t, srv.URL).Notify(context.Background(), "42", single(n)); err != nil {
+		t.Fatalf("Notify = %t, %v (the fake enforces the 4096-character limit)", retry, err)
+	}
+	if v := onlyRequest(t, srv).Visible; !strings.Contains(v, "Notification id n-1") || !strings.Contains(v, "repetition rrrr") {
+		t.Errorf("text lacks the ids:\n%s", v)
+	}
 }
