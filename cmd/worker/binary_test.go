@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -24,20 +25,14 @@ func buildBinary(t *testing.T) string {
 	return bin
 }
 
-// The real binary stops on SIGTERM, draining what it holds, and exits 0
-// within 10 s.
-func TestBinaryStopsOnSIGTERM(t *testing.T) {
-	h := newHarness(t)
-	project := h.project(rule(bson.M{"whatToReceive": "ONLY_NEW", "channels": h.webhookOnly()}))
-	bin := buildBinary(t)
-	addr := freeAddr(t)
-	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(), "KLAXON_HTTP_ADDR="+addr)
-	for k, v := range h.env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
+// startBinary builds and starts the worker with env added to this process'
+// environment; exited gets its exit, and a test's end kills it if it runs.
+func startBinary(t *testing.T, env ...string) (*exec.Cmd, <-chan error, *bytes.Buffer) {
+	t.Helper()
+	cmd := exec.Command(buildBinary(t))
+	cmd.Env = append(os.Environ(), env...)
+	stderr := &bytes.Buffer{}
+	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -49,17 +44,12 @@ func TestBinaryStopsOnSIGTERM(t *testing.T) {
 			<-exited
 		}
 	})
-	waitFor(t, 30*time.Second, "the binary ready", func() bool {
-		resp, err := http.Get("http://" + addr + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
-	h.publish(event(project, "before stop", "g1", true))
-	h.webhookBodies(1)
+	return cmd, exited, stderr
+}
 
+// stopBinary sends SIGTERM and requires an exit 0 within 10 s.
+func stopBinary(t *testing.T, cmd *exec.Cmd, exited <-chan error, stderr *bytes.Buffer) {
+	t.Helper()
 	start := time.Now()
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -75,6 +65,31 @@ func TestBinaryStopsOnSIGTERM(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatalf("still running 15 s after SIGTERM\n%s", stderr.String())
 	}
+}
+
+// The real binary stops on SIGTERM, draining what it holds, and exits 0
+// within 10 s.
+func TestBinaryStopsOnSIGTERM(t *testing.T) {
+	h := newHarness(t)
+	project := h.project(rule(bson.M{"whatToReceive": "ONLY_NEW", "channels": h.webhookOnly()}))
+	addr := freeAddr(t)
+	env := []string{"KLAXON_HTTP_ADDR=" + addr}
+	for k, v := range h.env {
+		env = append(env, k+"="+v)
+	}
+	cmd, exited, stderr := startBinary(t, env...)
+	waitFor(t, 30*time.Second, "the binary ready", func() bool {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	h.publish(event(project, "before stop", "g1", true))
+	h.webhookBodies(1)
+
+	stopBinary(t, cmd, exited, stderr)
 	if !strings.Contains(stderr.String(), `"msg":"klaxon stopped"`) {
 		t.Errorf("no stop line in the log:\n%s", stderr.String())
 	}
@@ -107,5 +122,44 @@ func TestBinaryRejectsInvalidSetting(t *testing.T) {
 		if strings.Contains(out, "s3cret") {
 			t.Errorf("%s: the password is printed: %q", tc.env, out)
 		}
+	}
+}
+
+// While RabbitMQ does not answer, the binary waits for it behind a live
+// /healthz, an unready /readyz and klaxon_dependency_up, instead of exiting
+// (a crash loop under a supervisor) or serving nothing (a liveness probe
+// would restart it over and over); SIGTERM then still exits 0.
+func TestBinaryWaitsForTheBrokerBehindHealthz(t *testing.T) {
+	rules := t.TempDir() + "/rules.yaml"
+	if err := os.WriteFile(rules, []byte("{}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+	cmd, exited, stderr := startBinary(t, "KLAXON_HTTP_ADDR="+addr, "KLAXON_RULES_FILE="+rules,
+		"KLAXON_AMQP_URL=amqp://guest:guest@"+freeAddr(t)+"/") // nothing listens there
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return 0, ""
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	waitFor(t, 30*time.Second, "/healthz to answer while the broker is away", func() bool {
+		status, _ := get("/healthz")
+		return status == http.StatusOK
+	})
+	waitFor(t, 30*time.Second, "/metrics to say the broker is down", func() bool {
+		_, body := get("/metrics")
+		return strings.Contains(body, `klaxon_dependency_up{dependency="amqp"} 0`)
+	})
+	if status, body := get("/readyz"); status != http.StatusServiceUnavailable || !strings.Contains(body, "amqp") {
+		t.Errorf("/readyz answered %d %q, want 503 naming amqp", status, body)
+	}
+
+	stopBinary(t, cmd, exited, stderr)
+	if n := strings.Count(stderr.String(), `"msg":"rabbitmq unavailable"`); n != 1 {
+		t.Errorf("logged the outage %d times, want once:\n%s", n, stderr.String())
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
@@ -55,12 +56,28 @@ func main() {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	context.AfterFunc(ctx, func() {
+		// From the first signal on, a second one ends the process at once.
+		stop()
+		// Every stage bounds its own stop, but a dependency that stops
+		// answering mid-close can still add up past CONTRACT §1's 10 s. What
+		// is unfinished then is unacked: the broker hands it to another
+		// worker, exactly as after a crash, which Klaxon is built to survive.
+		time.AfterFunc(stopDeadline, func() {
+			log.Error("klaxon did not stop in time; exiting with work unfinished", "deadline", stopDeadline.String())
+			os.Exit(1)
+		})
+	})
 	if err := run(ctx, cfg, log); err != nil {
 		log.Error("klaxon stopped", "error", err)
 		os.Exit(1)
 	}
 	log.Info("klaxon stopped")
 }
+
+// stopDeadline is how long main lets run stop after a signal before exiting
+// anyway; CONTRACT §1 promises an exit within 10 s.
+const stopDeadline = 9500 * time.Millisecond
 
 // run wires the worker from cfg and runs it until ctx is cancelled.
 func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
@@ -87,19 +104,13 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		return err
 	}
 	defer closeRules()
-	if err := cache.Refresh(ctx); err != nil {
-		// Not fatal: the store may come up later; until then /readyz says no.
-		log.Warn("rules not loaded yet", "error", err)
-	}
 
+	// Build every component first: none of this waits for a dependency.
 	var consumers []*queue.Consumer
-	var tasks []func(context.Context) error
-	tasks = append(tasks, cache.Run)
+	var work []func(context.Context) error // started once the queues are declared
+	work = append(work, cache.Run)
 
 	if cfg.Role.Evaluates() {
-		if err := pub.Declare(ctx, cfg.DeadQueue(), nil); err != nil {
-			return fmt.Errorf("declare %s: %w", cfg.DeadQueue(), err)
-		}
 		eval := &evaluator.Evaluator{
 			Rules: cache,
 			Counter: counter.New(rdb, counter.Options{Prefix: cfg.Prefix, DedupTTL: cfg.DedupTTL,
@@ -119,7 +130,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			return err
 		}
 		consumers = append(consumers, c)
-		tasks = append(tasks, func(ctx context.Context) error { return c.Consume(ctx, eval.Handle) })
+		work = append(work, func(ctx context.Context) error { return c.Consume(ctx, eval.Handle) })
 	}
 
 	// The delivery queues exist whatever the role: evaluators publish to them.
@@ -129,9 +140,6 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 	dlv := deliverer.New(deliverer.Config{Prefix: cfg.Prefix, Queue: deliveryQueue(cfg), SendTimeout: cfg.SendTimeout},
 		channels, rdb, pub, log.With("stage", "deliverer"), m)
-	if err := dlv.Declare(ctx, pub); err != nil {
-		return err
-	}
 	if cfg.Role.Delivers() {
 		c, err := queue.NewConsumer(queue.ConsumerConfig{
 			URL: cfg.AMQPURL, Queue: dlv.Queue(), ConnectionName: "klaxon-deliverer",
@@ -142,7 +150,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			return err
 		}
 		consumers = append(consumers, c)
-		tasks = append(tasks, func(ctx context.Context) error { return c.Consume(ctx, dlv.Handle) })
+		work = append(work, func(ctx context.Context) error { return c.Consume(ctx, dlv.Handle) })
 	}
 
 	checks := map[string]func(context.Context) error{
@@ -167,15 +175,40 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		servePprof(handler)
 		log.Warn("profiler on: /debug/pprof/ is served", "http", cfg.HTTPAddr)
 	}
-	srv := &http.Server{Addr: cfg.HTTPAddr, Handler: handler, ReadHeaderTimeout: 5 * time.Second}
-	tasks = append(tasks, func(ctx context.Context) error { return serve(ctx, srv, log) })
-	tasks = append(tasks, func(ctx context.Context) error { return watch(ctx, checks, m, log) })
-	tasks = append(tasks, func(ctx context.Context) error {
-		return depths(ctx, pub, []string{cfg.Queue, deliveryQueue(cfg)}, m)
-	})
+	// Listen before anything waits for the broker or the rules store: while
+	// they are unreachable, /healthz must answer (or a liveness probe
+	// restarts a worker that is only waiting, over and over) and /metrics
+	// must show klaxon_dependency_up. A port already taken fails here, at once.
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("http on %s: %w", cfg.HTTPAddr, err)
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
 
-	log.Info("klaxon running", "role", cfg.Role, "queue", cfg.Queue, "http", cfg.HTTPAddr, "channels", channelNames(channels))
-	return runAll(ctx, tasks)
+	// start waits for the dependencies the queues need, retrying (the
+	// publisher logs "rabbitmq unavailable" and backs off), then consumes.
+	start := func(ctx context.Context) error {
+		if err := cache.Refresh(ctx); err != nil {
+			// Not fatal: the store may come up later; until then /readyz says no.
+			log.Warn("rules not loaded yet", "error", err)
+		}
+		if cfg.Role.Evaluates() {
+			if err := pub.Declare(ctx, cfg.DeadQueue(), nil); err != nil {
+				return fmt.Errorf("declare %s: %w", cfg.DeadQueue(), err)
+			}
+		}
+		if err := dlv.Declare(ctx, pub); err != nil {
+			return err
+		}
+		log.Info("klaxon running", "role", cfg.Role, "queue", cfg.Queue, "http", ln.Addr().String(), "channels", channelNames(channels))
+		return runAll(ctx, work)
+	}
+	return runAll(ctx, []func(context.Context) error{
+		func(ctx context.Context) error { return serve(ctx, srv, ln, log) },
+		func(ctx context.Context) error { return watch(ctx, checks, m, log) },
+		func(ctx context.Context) error { return depths(ctx, pub, []string{cfg.Queue, deliveryQueue(cfg)}, m) },
+		start,
+	})
 }
 
 func deliveryQueue(cfg config.Config) string { return cfg.Prefix + ".deliveries" }
@@ -187,7 +220,7 @@ func ruleCache(cfg config.Config, log *slog.Logger, m *metrics.Metrics) (*store.
 	if cfg.RulesFile != "" {
 		src = store.NewFileSource(cfg.RulesFile)
 	} else {
-		mongo, err := store.NewMongoSource(cfg.MongoURL)
+		mongo, err := newMongoSource(cfg.MongoURL, log.With("stage", "rules"))
 		if err != nil {
 			return nil, nil, err
 		}
@@ -377,12 +410,12 @@ func servePprof(mux *http.ServeMux) {
 	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 }
 
-func serve(ctx context.Context, srv *http.Server, log *slog.Logger) error {
+func serve(ctx context.Context, srv *http.Server, ln net.Listener, log *slog.Logger) error {
 	errc := make(chan error, 1)
-	go func() { errc <- srv.ListenAndServe() }()
+	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
-		return fmt.Errorf("http on %s: %w", srv.Addr, err)
+		return fmt.Errorf("http on %s: %w", ln.Addr(), err)
 	case <-ctx.Done():
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

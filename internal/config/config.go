@@ -17,12 +17,15 @@ import (
 	"log/slog"
 	"net"
 	"net/mail"
+	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
 	"unicode"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
 )
 
 // Names of the environment variables Load reads.
@@ -332,8 +335,35 @@ func checkAMQPURL(raw string) error {
 	if err := checkHostPort(u.hosts[0], false); err != nil {
 		return err
 	}
-	if _, err := amqp.ParseURI(raw); err != nil {
+	uri, err := amqp.ParseURI(raw)
+	if err != nil {
 		return fmt.Errorf("not a valid AMQP URL: %s", innerURLError(err))
+	}
+	// amqp091 reads these only when it dials, and fails every dial on a bad
+	// one: the worker would retry forever, never ready, instead of stopping.
+	for _, m := range uri.AuthMechanism {
+		switch strings.ToUpper(m) {
+		case "PLAIN", "AMQPLAIN", "EXTERNAL":
+		default:
+			return fmt.Errorf("auth_mechanism %q is not one of PLAIN, AMQPLAIN, EXTERNAL", m)
+		}
+	}
+	if uri.Scheme == "amqps" {
+		// amqp091 sends no client certificate, without a word, unless it
+		// has both halves.
+		if (uri.CertFile == "") != (uri.KeyFile == "") {
+			return errors.New("certfile and keyfile go together: set both for a client certificate, or neither")
+		}
+		for _, f := range []struct{ param, path string }{
+			{"cacertfile", uri.CACertFile}, {"certfile", uri.CertFile}, {"keyfile", uri.KeyFile},
+		} {
+			if f.path == "" {
+				continue
+			}
+			if _, err := os.ReadFile(f.path); err != nil {
+				return fmt.Errorf("%s: %w", f.param, err)
+			}
+		}
 	}
 	return nil
 }
@@ -412,12 +442,46 @@ func parseMongoURL(raw string) (string, error) {
 		return "", fmt.Errorf("database name in the path: %w", err)
 	}
 	if db == "" {
-		return defaultMongoDB, nil
-	}
-	if i := strings.IndexAny(db, "/\\. \"$*<>:|?"); i >= 0 || len(db) >= 64 {
+		db = defaultMongoDB
+	} else if i := strings.IndexAny(db, "/\\. \"$*<>:|?"); i >= 0 || len(db) >= 64 {
 		return "", fmt.Errorf("database name %q is not valid in MongoDB (no /\\. \"$*<>:|? and under 64 bytes)", db)
 	}
+	if err := checkMongoOptions(raw, u); err != nil {
+		return "", err
+	}
 	return db, nil
+}
+
+// checkMongoOptions has the driver's own parser check the options, as it
+// would when the worker builds its client: otherwise a bad option stops the
+// worker after it started, in an error naming no variable. The parser looks
+// up a mongodb+srv URL's DNS records, which must not decide whether a
+// configuration is valid; that form is checked as the mongodb:// URL of the
+// same host, without the options only SRV allows.
+func checkMongoOptions(raw string, u urlParts) error {
+	if u.scheme == "mongodb+srv" {
+		_, after, _ := strings.Cut(raw, "://")
+		base, query, hasQuery := strings.Cut(after, "?")
+		raw = "mongodb://" + base
+		if hasQuery {
+			var kept []string
+			for pair := range strings.SplitSeq(query, "&") {
+				k, _, _ := strings.Cut(pair, "=")
+				if k := strings.ToLower(k); k != "srvmaxhosts" && k != "srvservicename" {
+					kept = append(kept, pair)
+				}
+			}
+			raw += "?" + strings.Join(kept, "&")
+		}
+	}
+	if _, err := connstring.ParseAndValidate(raw); err != nil {
+		msg := err.Error()
+		for _, prefix := range []string{"error parsing uri: ", "error validating uri: "} {
+			msg = strings.TrimPrefix(msg, prefix)
+		}
+		return errors.New(msg)
+	}
+	return nil
 }
 
 func (l *loader) prefix() string {
@@ -488,16 +552,29 @@ func (l *loader) smtp(c *Config) {
 		default:
 			l.fail(s, fmt.Sprintf("%q is not one of none, starttls, tls", s.value))
 		}
+		// The email channel refuses to send a password in clear beyond this
+		// machine; say so here, naming the variable, not when it is built.
+		host, _, err := net.SplitHostPort(c.SMTPAddr)
+		if c.SMTPTLS == TLSNone && c.SMTPUsername != "" && err == nil && !isLocalhost(host) {
+			l.fail(s, fmt.Sprintf("%q would send %s in clear to %s: use starttls or tls (none is for a relay on localhost)",
+				s.value, EnvSMTPPassword, host))
+		}
 	}
+}
+
+// isLocalhost is the email channel's test for a server on this machine, to
+// which a password may go in clear.
+func isLocalhost(host string) bool {
+	return host == "localhost" || host == "127.0.0.1" || host == "::1"
 }
 
 func (l *loader) telegram() (token, api string) {
 	if s := l.lookup(EnvTelegramToken, "", false); s.set() {
 		token = s.value
 		if strings.IndexFunc(token, func(r rune) bool {
-			return r == '/' || r == '?' || r == '#' || unicode.IsSpace(r) || unicode.IsControl(r)
+			return strings.ContainsRune("/?#%", r) || unicode.IsSpace(r) || unicode.IsControl(r)
 		}) >= 0 {
-			l.fail(s, "contains white space or one of / ? #; a bot token looks like 123456789:AAE...")
+			l.fail(s, "contains white space or one of / ? # %; a bot token looks like 123456789:AAE...")
 		}
 	}
 
@@ -527,6 +604,9 @@ func checkHTTPURL(raw string) error {
 	}
 	if strings.ContainsAny(u.rest, "?#") {
 		return errors.New("must not have a query or a fragment")
+	}
+	if _, err := url.Parse(raw); err != nil {
+		return errors.New("is not a valid URL: check its percent-encoding")
 	}
 	return nil
 }
@@ -627,6 +707,10 @@ func (l *loader) duration(name string, def time.Duration) time.Duration {
 		l.fail(s, fmt.Sprintf("%q is not a duration (write it as Go does: 500ms, 5s, 1m30s, 24h)", s.value))
 	case d <= 0:
 		l.fail(s, fmt.Sprintf("%q is not positive", s.value))
+	case d < time.Millisecond:
+		// Klaxon's Redis scripts and keys count whole milliseconds: a shorter
+		// KLAXON_DEDUP_TTL became 0 ms and turned de-duplication off.
+		l.fail(s, fmt.Sprintf("%q is below 1ms, the shortest Klaxon can use", s.value))
 	default:
 		return d
 	}
