@@ -35,6 +35,9 @@ var throttleLua string
 //go:embed flush.lua
 var flushLua string
 
+//go:embed drop.lua
+var dropLua string
+
 // ErrorHeader says why a notification landed in the failed queue.
 const ErrorHeader = "x-klaxon-error"
 
@@ -105,6 +108,7 @@ type Deliverer struct {
 	metrics  *metrics.Metrics
 	throttle *redis.Script
 	flush    *redis.Script
+	drop     *redis.Script
 	// token tells this process' claims from others'.
 	token string
 	// unrecorded holds the outcomes this process could not record (Redis
@@ -147,6 +151,7 @@ func New(cfg Config, channels map[string]notify.Channel, rdb redis.UniversalClie
 		limiter:  counter.NewLimiter(rdb, cfg.Prefix),
 		throttle: redis.NewScript(throttleLua),
 		flush:    redis.NewScript(flushLua),
+		drop:     redis.NewScript(dropLua),
 		token:    strconv.FormatInt(n.Int64(), 36),
 	}
 }
@@ -261,7 +266,7 @@ func (d *Deliverer) record(ctx context.Context, key, state string) error {
 func (d *Deliverer) deliver(ctx context.Context, job *Job, token string) error {
 	n := job.Notification
 	key := d.claimKey(job.Key())
-	if ok, err := d.settled(ctx, key); ok {
+	if ok, err := d.settled(ctx, key, nil); ok {
 		return err
 	}
 	state, wait, err := d.claim(ctx, key, token)
@@ -289,7 +294,7 @@ func (d *Deliverer) deliver(ctx context.Context, job *Job, token string) error {
 	}
 
 	msg := &notify.Message{ID: n.ID, ProjectID: job.ProjectID, RuleID: job.RuleID, Notifications: []notify.Notification{*n}}
-	return d.send(ctx, job, key, msg, func(ctx context.Context) error { return d.rdb.Del(ctx, key).Err() })
+	return d.send(ctx, job, key, msg, func(ctx context.Context) error { return d.rdb.Del(ctx, key).Err() }, nil)
 }
 
 // gather passes a job through its channel's minPeriod: false means send it
@@ -337,7 +342,12 @@ func (d *Deliverer) deliverDigest(ctx context.Context, job *Job, token string) e
 		return nil
 	}
 	var ns []notify.Notification
+	generation := ""
 	for i := 2; i < len(r); i += 2 {
+		if r[i-1] == "#" {
+			generation = fmt.Sprint(r[i])
+			continue
+		}
 		var pending Job
 		if err := json.Unmarshal([]byte(r[i].(string)), &pending); err != nil || pending.Notification == nil {
 			d.log.Error("unusable job in a digest: dropped from it", "rule", job.RuleID, "channel", job.Channel, "error", err)
@@ -350,7 +360,13 @@ func (d *Deliverer) deliverDigest(ctx context.Context, job *Job, token string) e
 	})
 	msg := digestMessage(job, ns)
 	key := d.claimKey(msg.ID + ":" + job.Channel)
-	if ok, err := d.settled(ctx, key, keys[2]); ok {
+	drop := func(ctx context.Context) error {
+		if err := d.drop.Run(ctx, d.rdb, keys[2:], generation).Err(); err != nil {
+			return fmt.Errorf("drop digest %s in flight: %w", msg.ID, err)
+		}
+		return nil
+	}
+	if ok, err := d.settled(ctx, key, drop); ok {
 		return err
 	}
 	state, wait, err := d.claim(ctx, key, token)
@@ -359,13 +375,13 @@ func (d *Deliverer) deliverDigest(ctx context.Context, job *Job, token string) e
 	}
 	switch state {
 	case done:
-		return d.rdb.Del(ctx, keys[2]).Err()
+		return drop(ctx)
 	case busy:
 		return d.schedule(ctx, job, wait, true)
 	}
 	return d.send(ctx, job, key, msg, func(ctx context.Context) error {
 		return d.rdb.Del(ctx, key).Err() // keep the digest in flight for the retry
-	}, keys[2])
+	}, drop)
 }
 
 func cmpTimeThenID(a, b notify.Notification) int {
@@ -391,8 +407,8 @@ func digestMessage(job *Job, ns []notify.Notification) *notify.Message {
 
 // send tries the channel once and settles the job: recorded as sent,
 // scheduled for a retry (after release drops the claim), or recorded as
-// failed. Keys in cleanup are deleted once the message is settled.
-func (d *Deliverer) send(ctx context.Context, job *Job, key string, msg *notify.Message, release func(context.Context) error, cleanup ...string) error {
+// failed. cleanup, if any, runs once the message is settled.
+func (d *Deliverer) send(ctx context.Context, job *Job, key string, msg *notify.Message, release, cleanup func(context.Context) error) error {
 	// ctx ends when the broker channel that delivered the job dies, not
 	// only when the worker stops. A send the provider may already have
 	// taken must not be cut off then, nor its outcome go unrecorded: the
@@ -439,7 +455,7 @@ func (d *Deliverer) send(ctx context.Context, job *Job, key string, msg *notify.
 			d.remember(key, "sent")
 			return err
 		}
-		return d.cleanup(ctx, cleanup)
+		return runCleanup(ctx, cleanup)
 	}
 	if ctx.Err() != nil {
 		// Cut short: the provider may or may not have the message. The
@@ -492,7 +508,7 @@ func (d *Deliverer) send(ctx context.Context, job *Job, key string, msg *notify.
 		d.remember(key, "failed")
 		return err
 	}
-	return d.cleanup(ctx, cleanup)
+	return runCleanup(ctx, cleanup)
 }
 
 // remember keeps an outcome that could not be recorded, for settled.
@@ -509,9 +525,9 @@ func (d *Deliverer) remember(key, state string) {
 }
 
 // settled records the outcome of an earlier try of this job that could not
-// be recorded then, and deletes the keys in cleanup. ok reports whether
+// be recorded then, and runs cleanup. ok reports whether
 // there was one: then the job is done once err is nil.
-func (d *Deliverer) settled(ctx context.Context, key string, cleanup ...string) (ok bool, err error) {
+func (d *Deliverer) settled(ctx context.Context, key string, cleanup func(context.Context) error) (ok bool, err error) {
 	v, ok := d.unrecorded.Load(key)
 	if !ok {
 		return false, nil
@@ -521,7 +537,7 @@ func (d *Deliverer) settled(ctx context.Context, key string, cleanup ...string) 
 	}
 	d.unrecorded.Delete(key)
 	d.log.Info("recorded a notification's outcome after Redis failed", "outcome", v.(unrecorded).state)
-	return true, d.cleanup(ctx, cleanup)
+	return true, runCleanup(ctx, cleanup)
 }
 
 // sendGrace is how long a send under way, and the record of its outcome,
@@ -545,14 +561,12 @@ func withGrace(ctx context.Context, grace time.Duration) (context.Context, conte
 	return gctx, func() { stop(); cancel() }
 }
 
-func (d *Deliverer) cleanup(ctx context.Context, keys []string) error {
-	if len(keys) == 0 {
+// runCleanup runs a settled message's cleanup, if it has one.
+func runCleanup(ctx context.Context, f func(context.Context) error) error {
+	if f == nil {
 		return nil
 	}
-	if err := d.rdb.Del(ctx, keys...).Err(); err != nil {
-		return fmt.Errorf("clean up %v: %w", keys, err)
-	}
-	return nil
+	return f(ctx)
 }
 
 // schedule publishes job to come back on the delivery queue after delay:

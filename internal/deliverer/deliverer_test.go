@@ -6,11 +6,14 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/metrics"
@@ -301,4 +304,89 @@ func takeOne(t *testing.T, name string) []byte {
 		t.Fatalf("nothing came from %s", name)
 	}
 	return body
+}
+
+// A worker slow to learn that its digest went out meanwhile must not drop
+// the next digest from flight: a retry or a crash of that digest's sender
+// relies on finding it there.
+func TestSettledDigestLeavesTheNextInFlight(t *testing.T) {
+	ctx := context.Background()
+	rdb, world := testenv.Redis(t), testenv.Redis(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	d := New(Config{Prefix: testenv.KeyPrefix(t)}, map[string]notify.Channel{"slack": &recorder{}},
+		rdb, nil, log, metrics.New(prometheus.NewRegistry()))
+	flush := &Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 60_000, ProjectID: "p", RuleID: "r"}
+	keys := d.digestKeys(flush)
+	pend := func(id string) {
+		t.Helper()
+		body, err := json.Marshal(Job{Channel: "slack", ProjectID: "p", RuleID: "r",
+			Notification: &notify.Notification{ID: id, Type: notify.TypeNew, FiredAt: time.Now()}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := world.HSet(ctx, keys[1], id, body).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pend("n1")
+	// Another worker has sent n1's digest already.
+	if err := d.record(ctx, d.claimKey("n1:slack"), "sent"); err != nil {
+		t.Fatal(err)
+	}
+	// Between this worker's flush (which reads n1's digest) and its claim,
+	// that worker drops n1's digest and, a minPeriod later, flushes n2's.
+	rdb.AddHook(&afterScript{sha: d.flush.Hash(), then: func() {
+		world.Del(ctx, keys[2])
+		pend("n2")
+		world.HSet(ctx, keys[0], "last", 0)
+		if err := d.flush.Run(ctx, world, keys, flush.MinPeriod).Err(); err != nil {
+			t.Error(err)
+		}
+	}})
+	if err := d.deliverDigest(ctx, flush, "token"); err != nil {
+		t.Fatal(err)
+	}
+	if ids := world.HKeys(ctx, keys[2]).Val(); !slices.Contains(ids, "n2") {
+		t.Fatalf("in flight after settling n1's digest: %v, want n2's digest still there", ids)
+	}
+
+	// Once n2's digest is settled too, its own worker drops it.
+	if err := d.record(ctx, d.claimKey("n2:slack"), "sent"); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.deliverDigest(ctx, flush, "token"); err != nil {
+		t.Fatal(err)
+	}
+	if n := world.Exists(ctx, keys[2]).Val(); n != 0 {
+		t.Errorf("n2's digest still in flight after it was settled")
+	}
+}
+
+// afterScript runs then once, after the script sha ran and before the next
+// pipeline: the moment between a digest's flush and its claim.
+type afterScript struct {
+	sha   string
+	then  func()
+	armed atomic.Int32 // 0 waiting for the script, 1 armed, 2 done
+}
+
+func (h *afterScript) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *afterScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if args := cmd.Args(); len(args) > 1 && args[1] == h.sha {
+			h.armed.CompareAndSwap(0, 1)
+		}
+		return err
+	}
+}
+
+func (h *afterScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if h.armed.CompareAndSwap(1, 2) {
+			h.then()
+		}
+		return next(ctx, cmds)
+	}
 }

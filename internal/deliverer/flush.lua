@@ -2,7 +2,9 @@
 -- KEYS[1] hash {last, sched}; KEYS[2] pending id -> job; KEYS[3] in flight
 -- ARGV    minPeriod(ms)
 -- Reply   {0, id, job, id, job, ...}  send this digest (again, if a send of
---                                     it failed or crashed: same content)
+--                                     it failed or crashed: same content);
+--                                     the pair '#', generation marks which
+--                                     digest it is, for drop.lua
 --         {1, delay}                  too early: come back in delay ms
 --         {2}                         nothing to send
 local inflight = redis.call('HGETALL', KEYS[3])
@@ -20,6 +22,8 @@ if redis.call('EXISTS', KEYS[2]) == 0 then
   return {2}
 end
 redis.call('RENAME', KEYS[2], KEYS[3])
+-- A count kept with the state tells this digest from the next ones.
+redis.call('HSET', KEYS[3], '#', redis.call('HINCRBY', KEYS[1], 'gen', 1))
 redis.call('PEXPIRE', KEYS[3], period + 86400000)
 redis.call('HSET', KEYS[1], 'last', now)
 redis.call('HDEL', KEYS[1], 'sched')
