@@ -367,6 +367,9 @@ func TestOutputHasNoSecrets(t *testing.T) {
 	if !strings.Contains(buf.String(), `"smtp_password":"xxxxx"`) || !strings.Contains(buf.String(), `"redis_url":"rediss+sentinel://xxxxx@s1:26379,s2/mymaster/1?sentinel_password=xxxxx"`) {
 		t.Errorf("LogValue output: %s", buf.String())
 	}
+	if !strings.Contains(buf.String(), `"dedup_ttl":"10m0s"`) {
+		t.Errorf("LogValue shows durations other than as written: %s", buf.String())
+	}
 }
 
 func TestRedactURL(t *testing.T) {

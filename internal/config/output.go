@@ -36,9 +36,9 @@ func (c Config) attrs() []slog.Attr {
 		slog.Int("prefetch", c.Prefetch),
 		slog.Int("batch_size", c.BatchSize),
 		slog.Int("redis_groups_per_call", c.GroupsPerCall),
-		slog.Duration("dedup_ttl", c.DedupTTL),
-		slog.Duration("rules_refresh", c.RulesRefresh),
-		slog.Duration("send_timeout", c.SendTimeout),
+		slog.String("dedup_ttl", c.DedupTTL.String()), // JSON logs would show ns
+		slog.String("rules_refresh", c.RulesRefresh.String()),
+		slog.String("send_timeout", c.SendTimeout.String()),
 		slog.Bool("pprof", c.Pprof),
 	}
 }
