@@ -68,13 +68,17 @@ func validateURL(raw string) error {
 	return nil
 }
 
-// redactURL returns the URL with its password masked, fit for logs.
+// redactURL returns the URL fit for logs: scheme, host and vhost only. The
+// user info goes entirely, user name included (docs/configuration.md: logged
+// URLs lose their user info), and so do the query and fragment, which
+// RabbitMQ's URI scheme leaves free for client settings.
 func redactURL(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return "(unparsable URL)"
 	}
-	return u.Redacted()
+	clean := url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path, RawPath: u.RawPath}
+	return clean.String()
 }
 
 // dial opens a named connection. ctx bounds the TCP connect and the
