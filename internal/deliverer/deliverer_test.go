@@ -4,8 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -13,11 +16,15 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/notify/notifytest"
+	"github.com/klaxonhq/klaxon/internal/notify/slack"
+	"github.com/klaxonhq/klaxon/internal/notify/webhook"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/testenv"
 )
@@ -54,6 +61,13 @@ func runDeliverer(t *testing.T, ch notify.Channel) (*queue.Publisher, string) {
 // channels, on queues of its own.
 func startDeliverer(t *testing.T, cfg Config, channels map[string]notify.Channel) (*queue.Publisher, *Deliverer) {
 	t.Helper()
+	return startDelivererWith(t, cfg, channels, queue.ConsumerConfig{})
+}
+
+// startDelivererWith is startDeliverer with the consumer configured as in
+// cc (URL, queue and logger are filled in).
+func startDelivererWith(t *testing.T, cfg Config, channels map[string]notify.Channel, cc queue.ConsumerConfig) (*queue.Publisher, *Deliverer) {
+	t.Helper()
 	url := testenv.AMQPURL(t)
 	cfg.Prefix = testenv.KeyPrefix(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -72,7 +86,8 @@ func startDeliverer(t *testing.T, cfg Config, channels map[string]notify.Channel
 		names = append(names, d.delayQueue(delay))
 	}
 	testenv.DeleteQueuesAtCleanup(t, names...)
-	c, err := queue.NewConsumer(queue.ConsumerConfig{URL: url, Queue: d.Queue(), Logger: log})
+	cc.URL, cc.Queue, cc.Logger = url, d.Queue(), log
+	c, err := queue.NewConsumer(cc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -388,5 +403,99 @@ func (h *afterScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 			h.then()
 		}
 		return next(ctx, cmds)
+	}
+}
+
+// A webhook endpoint that takes requests and never answers must not delay
+// the notifications behind its jobs: another channel's, and another
+// webhook's. The consumer is configured as cmd/worker configures the
+// deliverer's: prefetch 64, jobs handled and acked one by one, 64 at once.
+// Handled a batch at a time, the Slack message would wait for the hung
+// sends' timeout (a minute here).
+func TestHungEndpointDoesNotDelayOtherNotifications(t *testing.T) {
+	var arrived atomic.Int64
+	arrivals := make(chan struct{}, 16)
+	release := make(chan struct{})
+	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived.Add(1)
+		arrivals <- struct{}{}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(hung.Close)
+	slackFake := notifytest.NewSlackServer(t)
+	sink := notifytest.NewWebhookSink(t)
+
+	client := &http.Client{}
+	pub, d := startDelivererWith(t,
+		Config{SendTimeout: time.Minute, Limits: map[string][]counter.Limit{}},
+		map[string]notify.Channel{"webhook": webhook.New(client), "slack": slack.New(client)},
+		queue.ConsumerConfig{Prefetch: 64, MaxBatch: 1, Concurrency: 64})
+	var releaseOnce sync.Once
+	free := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the deliverer stops, should the test fail first
+
+	jobTo := func(channel, endpoint, id string) queue.Message {
+		t.Helper()
+		body, err := json.Marshal(Job{
+			Channel: channel, Endpoint: endpoint, ProjectID: "p", RuleID: "r",
+			Notification: new(notifytest.Threshold(id, "Hung provider "+id, time.Now())),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return queue.Message{RoutingKey: d.Queue(), Body: body, MessageID: id, ContentType: "application/json"}
+	}
+	ctx := context.Background()
+	const hungJobs = 2
+	for i := range hungJobs {
+		if err := pub.Publish(ctx, jobTo("webhook", hung.URL+"/hook", fmt.Sprintf("hung%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range hungJobs {
+		select {
+		case <-arrivals:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d of %d requests reached the hung endpoint", arrived.Load(), hungJobs)
+		}
+	}
+
+	// Both hung sends are under way, for a minute; the next jobs come after.
+	start := time.Now()
+	if err := pub.Publish(ctx, jobTo("slack", slackFake.URL, "s1"), jobTo("webhook", sink.URL, "w1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := slackFake.WaitFor(1, 5*time.Second); err != nil {
+		t.Fatalf("Slack message held up behind the hung webhook: %v", err)
+	}
+	if _, err := sink.WaitFor(1, 5*time.Second); err != nil {
+		t.Fatalf("webhook to a healthy endpoint held up behind the hung one: %v", err)
+	}
+	t.Logf("both sent %s after being queued, the hung sends still waiting", time.Since(start).Round(time.Millisecond))
+	if n := arrived.Load(); n != hungJobs {
+		t.Errorf("%d requests to the hung endpoint, want %d", n, hungJobs)
+	}
+
+	// Once the endpoint answers, its jobs are done too, each sent once.
+	free()
+	sent := func(channel string) float64 {
+		var m dto.Metric
+		if err := d.metrics.Notifications.WithLabelValues(channel, "sent").Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetCounter().GetValue()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for sent("webhook") < hungJobs+1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%v webhook notifications sent, want %d", sent("webhook"), hungJobs+1)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
+	}
+	if v := sent("slack"); v != 1 {
+		t.Errorf("%v Slack notifications sent, want 1", v)
 	}
 }

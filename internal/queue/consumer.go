@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -30,8 +32,15 @@ type ConsumerConfig struct {
 	Linger time.Duration
 	// Backoff spaces reconnects and handler retries [100 ms … 10 s].
 	Backoff Backoff
-	// StopGrace is how long the handler in flight may run once ctx is
-	// cancelled before its own context is cancelled too [5 s].
+	// Concurrency is how many batches may be handled at once [1]. Each is
+	// settled on its own as soon as its handler returns, so a slow batch
+	// does not hold up the batches behind it. It is lowered to Prefetch if
+	// above it; Prefetch still bounds the deliveries held unacked, whatever
+	// the concurrency. Above 1, batches finish in any order, and the handler
+	// and Hooks.Batch are called from several goroutines at once.
+	Concurrency int
+	// StopGrace is how long the handlers in flight may run once ctx is
+	// cancelled before their own context is cancelled too [5 s].
 	StopGrace time.Duration
 	Logger    *slog.Logger // [slog.Default()]
 	Hooks     Hooks
@@ -45,6 +54,9 @@ type Consumer struct {
 	state *connState
 
 	running atomic.Bool
+	// held counts the batches held for a retry after a handler error, so
+	// that concurrent batches failing together warn once, not once each.
+	held atomic.Int64
 }
 
 // Handler processes a batch. Returning nil settles the batch: every delivery
@@ -53,9 +65,14 @@ type Consumer struct {
 // keeps the batch, waits (Backoff) and calls the handler again with the same
 // deliveries, as long as the channel lives and ctx is not cancelled.
 //
-// ctx is not cancelled when Consume's ctx is: the handler in flight may finish
-// during a graceful stop, for up to StopGrace. It is cancelled at once if the
-// channel that delivered the batch dies, since the batch can no longer be acked.
+// ctx is not cancelled when Consume's ctx is: the handlers in flight may
+// finish during a graceful stop, for up to StopGrace. It is cancelled at once
+// if the channel that delivered the batch dies, since the batch can no longer
+// be acked.
+//
+// With ConsumerConfig.Concurrency above 1, the handler runs on several
+// batches at once; each batch is still handled, retried and settled on its
+// own, as described above.
 type Handler func(ctx context.Context, b *Batch) error
 
 // Batch is a run of deliveries in the order the broker sent them.
@@ -135,6 +152,14 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		cfg.MaxBatch = 256
 	}
 	cfg.MaxBatch = min(cfg.MaxBatch, cfg.Prefetch)
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = 1
+	}
+	if cfg.Concurrency < 1 {
+		return nil, fmt.Errorf("consumer: concurrency %d is below 1", cfg.Concurrency)
+	}
+	// Every batch holds a delivery at least: more could never be in flight.
+	cfg.Concurrency = min(cfg.Concurrency, cfg.Prefetch)
 	if cfg.Linger == 0 {
 		cfg.Linger = 2 * time.Millisecond
 	}
@@ -153,11 +178,13 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 func (c *Consumer) Connected() bool { return c.state.up.Load() }
 
 // Consume runs until ctx is cancelled, calling handle with one batch at a
-// time. It connects, declares the queue, and reconnects with Backoff when the
-// connection or channel is lost. When ctx is cancelled it stops consuming,
-// lets the handler in flight finish (StopGrace at most), settles that batch,
-// gives every other delivery it holds back to the broker, closes the
-// connection and returns nil. A Consumer runs one Consume at a time.
+// time, or up to Concurrency batches at once. It connects, declares the
+// queue, and reconnects with Backoff when the connection or channel is lost,
+// once every handler in flight on it has returned. When ctx is cancelled it
+// stops consuming, lets the handlers in flight finish (StopGrace at most),
+// settles their batches, gives every other delivery it holds back to the
+// broker, closes the connection and returns nil. A Consumer runs one Consume
+// at a time.
 func (c *Consumer) Consume(ctx context.Context, handle Handler) error {
 	if handle == nil {
 		return errors.New("consumer: nil handler")
@@ -240,20 +267,71 @@ func (c *Consumer) session(ctx, hctx context.Context, handle Handler) (consumed 
 	defer stopWatch()
 
 	c.state.setUp()
+	if c.cfg.Concurrency > 1 {
+		kill := func() { _ = conn.CloseDeadline(time.Now().Add(closeTimeout)) }
+		return true, c.consumeConcurrently(ctx, bctx, s, handle, kill)
+	}
 	for {
 		b, alive := s.collect(ctx, c.cfg.MaxBatch, c.cfg.Linger)
 		if !alive {
 			return true, s.cause()
 		}
 		if b == nil || ctx.Err() != nil {
-			return true, s.stop(b)
+			return true, s.stop(b, nil)
 		}
+		s.track(b)
 		if err := c.process(ctx, bctx, s, b, handle); err != nil {
 			return true, err
 		}
 		if ctx.Err() != nil {
-			return true, s.stop(nil)
+			return true, s.stop(nil, nil)
 		}
+	}
+}
+
+// consumeConcurrently is session's loop for Concurrency above 1: it collects
+// a batch whenever fewer than Concurrency are in flight and handles each on
+// a goroutine of its own, which retries and settles that batch alone, just
+// as the one-at-a-time loop does. However the session ends, it returns only
+// once every handler has: on a graceful stop after they finished (StopGrace),
+// otherwise after kill closed the connection, which cancels their contexts.
+func (c *Consumer) consumeConcurrently(ctx, bctx context.Context, s *session, handle Handler, kill func()) error {
+	slots := make(chan struct{}, c.cfg.Concurrency)
+	var wg sync.WaitGroup
+	// failed stops collecting once a batch could not be processed to its
+	// end, which only a channel that is gone (or going) causes.
+	cctx, failed := context.WithCancelCause(ctx)
+	defer failed(nil)
+	end := func(err error) error {
+		kill()
+		wg.Wait()
+		return err
+	}
+	for {
+		var b *Batch
+		alive := true
+		select {
+		case slots <- struct{}{}:
+			b, alive = s.collect(cctx, c.cfg.MaxBatch, c.cfg.Linger)
+		case <-cctx.Done():
+		}
+		switch {
+		case !alive:
+			return end(s.cause())
+		case ctx.Err() != nil:
+			return s.stop(b, wg.Wait)
+		case cctx.Err() != nil:
+			return end(context.Cause(cctx)) // b, if any, comes again
+		}
+		s.track(b)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			if err := c.process(ctx, bctx, s, b, handle); err != nil {
+				failed(err)
+			}
+		}()
 	}
 }
 
@@ -283,6 +361,12 @@ func (c *Consumer) subscribe(conn *amqp.Connection) (*session, error) {
 // returns an error only when the channel is gone; on ctx cancellation it
 // gives the batch back and returns nil.
 func (c *Consumer) process(ctx, bctx context.Context, s *session, b *Batch, handle Handler) error {
+	held := false // counted in c.held
+	defer func() {
+		if held {
+			c.held.Add(-1)
+		}
+	}()
 	for attempt := 1; ; attempt++ {
 		b.Attempt = attempt
 		clear(b.requeue)
@@ -297,8 +381,11 @@ func (c *Consumer) process(ctx, bctx context.Context, s *session, b *Batch, hand
 			c.cfg.Hooks.Batch(res)
 		}
 		if err == nil {
-			if attempt > 1 {
-				c.log.Info("handler recovered", "attempts", attempt)
+			if held {
+				held = false
+				if c.held.Add(-1) == 0 {
+					c.log.Info("handler recovered", "attempts", attempt)
+				}
 			}
 			if err := s.settle(b); err != nil {
 				if s.deadCtx.Err() != nil {
@@ -317,8 +404,11 @@ func (c *Consumer) process(ctx, bctx context.Context, s *session, b *Batch, hand
 		}
 		delay := c.cfg.Backoff.Delay(attempt)
 		lvl := slog.LevelDebug
-		if attempt == 1 {
-			lvl = slog.LevelWarn
+		if !held {
+			held = true
+			if c.held.Add(1) == 1 { // the first batch held: the others are alike
+				lvl = slog.LevelWarn
+			}
 		}
 		c.log.Log(ctx, lvl, "handler failed; holding the batch to retry it",
 			"err", err, "batch", len(b.Deliveries), "attempt", attempt, "retry_in", delay)
@@ -361,6 +451,11 @@ type session struct {
 	watcherEnd chan struct{}
 
 	timer *time.Timer
+
+	// inflight holds the batches handed to the handler and not settled yet,
+	// in tag order (the order they were collected in).
+	mu       sync.Mutex
+	inflight []*Batch
 }
 
 func newSession(ch *amqp.Channel) *session {
@@ -479,9 +574,24 @@ func fromAMQP(d amqp.Delivery) Delivery {
 	}
 }
 
-// settle acks or requeues every delivery of b, as the handler decided.
+// track records b as handed to the handler, not settled yet.
+func (s *session) track(b *Batch) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inflight = append(s.inflight, b)
+}
+
+// settle acks or requeues every delivery of b, as the handler decided. A
+// multiple flag covers every unsettled tag up to its own, so it is used only
+// when b is the oldest batch in flight: then every tag below b's is settled.
+// A younger batch, done while an older one is still in the handler, settles
+// each delivery on its own. The lock keeps each batch's frames together and
+// in order with the next batch's decision.
 func (s *session) settle(b *Batch) error {
-	for _, op := range planSettle(b.Deliveries, b.requeue) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	oldest := len(s.inflight) > 0 && s.inflight[0] == b
+	for _, op := range planSettle(b.Deliveries, b.requeue, oldest) {
 		var err error
 		if op.ack {
 			err = s.ch.Ack(op.tag, op.multiple)
@@ -489,9 +599,10 @@ func (s *session) settle(b *Batch) error {
 			err = s.ch.Nack(op.tag, op.multiple, true)
 		}
 		if err != nil {
-			return err
+			return err // the channel is gone: b stays, unsettled
 		}
 	}
+	s.inflight = slices.DeleteFunc(s.inflight, func(x *Batch) bool { return x == b })
 	return nil
 }
 
@@ -503,10 +614,12 @@ func (s *session) requeue(b *Batch) error {
 	return s.settle(b)
 }
 
-// stop ends consuming gracefully: it cancels the consumer, gives back b (if
-// any) and every delivery received but not handled, in one nack. The
-// caller's deferred close then requeues whatever was still on the wire.
-func (s *session) stop(b *Batch) error {
+// stop ends consuming gracefully: it cancels the consumer, waits for the
+// handlers in flight (wait, if not nil) to settle their own batches, then
+// gives back b (if any) and every delivery received but not handled, in one
+// nack. The caller's deferred close then requeues whatever was still on the
+// wire.
+func (s *session) stop(b *Batch, wait func()) error {
 	// noWait: deliveries that cross the cancel are dropped client-side and
 	// requeued by the broker when the channel closes a moment later.
 	err := s.ch.Cancel(s.tag, true)
@@ -516,6 +629,11 @@ func (s *session) stop(b *Batch) error {
 	}
 	for d := range s.deliveries { // closes once the buffered deliveries are out
 		last = d.DeliveryTag
+	}
+	if wait != nil {
+		// The nack below covers every unsettled tag up to last, which
+		// would include the batches still in the handlers.
+		wait()
 	}
 	if err == nil && last > 0 {
 		err = s.ch.Nack(last, true, true)
@@ -536,18 +654,23 @@ type settleOp struct {
 // planSettle turns per-delivery outcomes into as few frames as possible: one
 // multiple-ack or multiple-nack per run of equal outcomes, in tag order. A
 // multiple flag covers every unsettled tag up to its own, which is exactly
-// the run, because earlier runs and batches are settled first. Should tags
-// ever not be increasing, each delivery is settled on its own.
-func planSettle(ds []Delivery, requeue []bool) []settleOp {
+// the run when earlier runs and batches are settled first: the caller says
+// so with multiple. Without it, or should tags ever not be increasing, each
+// delivery is settled on its own.
+func planSettle(ds []Delivery, requeue []bool, multiple bool) []settleOp {
 	requeued := func(i int) bool { return i < len(requeue) && requeue[i] }
+	increasing := true
 	for i := 1; i < len(ds); i++ {
 		if ds[i].DeliveryTag <= ds[i-1].DeliveryTag {
-			ops := make([]settleOp, len(ds))
-			for j, d := range ds {
-				ops[j] = settleOp{tag: d.DeliveryTag, ack: !requeued(j)}
-			}
-			return ops
+			increasing = false
 		}
+	}
+	if !multiple || !increasing {
+		ops := make([]settleOp, len(ds))
+		for j, d := range ds {
+			ops[j] = settleOp{tag: d.DeliveryTag, ack: !requeued(j)}
+		}
+		return ops
 	}
 	var ops []settleOp
 	for i := range ds {

@@ -20,9 +20,19 @@
 //
 //   - Settling a batch sends one basic.ack (multiple=true) or basic.nack
 //     (multiple=true, requeue=true) per run of equal outcomes, in tag order.
-//     This is safe because batches are handled one at a time on one channel:
-//     every tag below the batch's first is already settled, and tags on a
-//     channel only grow.
+//     This is safe only when every tag below the batch's first is already
+//     settled (tags on a channel only grow). With one batch at a time that
+//     always holds. With Concurrency above 1, batches on the one channel
+//     finish in any order, so only the oldest batch in flight uses multiple;
+//     a younger one settles each delivery on its own, since a multiple flag
+//     would also settle an older batch still in its handler. A graceful
+//     stop waits for every handler before its closing multiple-nack.
+//
+//   - Concurrency does not raise the prefetch: the broker still sends at
+//     most Prefetch deliveries ahead of acks, shared by the batches in
+//     flight. What it buys is that a batch stuck in its handler (a provider
+//     that hangs) holds only its own deliveries, while the other slots go
+//     on handling and acking the deliveries behind it.
 //
 //   - Each consumer connection lives in a session. A batch remembers nothing
 //     but its own session's channel, so a tag is never acked on a channel
@@ -38,6 +48,7 @@
 //     a publish to one of them comes back unroutable, so a queue deleted
 //     under a running worker heals on the caller's retry.
 //
-// Credentials never reach the logs: URLs are logged redacted, and an
-// unparsable URL is reported without its text.
+// Credentials never reach the logs: URLs are logged without their user info
+// (scheme, host and vhost only), and an unparsable URL is reported without
+// its text.
 package queue

@@ -22,20 +22,23 @@ func TestPlanSettle(t *testing.T) {
 		name    string
 		ds      []Delivery
 		requeue []bool
+		younger bool // another batch with lower tags is still in flight
 		want    []settleOp
 	}{
-		{"all acked: one multiple ack", ds(5, 6, 7, 8), nil,
+		{"all acked: one multiple ack", ds(5, 6, 7, 8), nil, false,
 			[]settleOp{{tag: 8, ack: true, multiple: true}}},
-		{"all requeued: one multiple nack", ds(5, 6, 7), []bool{true, true, true},
+		{"all requeued: one multiple nack", ds(5, 6, 7), []bool{true, true, true}, false,
 			[]settleOp{{tag: 7, multiple: true}}},
-		{"runs in tag order", ds(1, 2, 3, 4, 5, 6), []bool{false, false, true, false, true, true},
+		{"runs in tag order", ds(1, 2, 3, 4, 5, 6), []bool{false, false, true, false, true, true}, false,
 			[]settleOp{{tag: 2, ack: true, multiple: true}, {tag: 3, multiple: true}, {tag: 4, ack: true, multiple: true}, {tag: 6, multiple: true}}},
-		{"single", ds(9), nil, []settleOp{{tag: 9, ack: true, multiple: true}}},
-		{"tags not increasing: one by one", ds(3, 2), []bool{false, true},
+		{"single", ds(9), nil, false, []settleOp{{tag: 9, ack: true, multiple: true}}},
+		{"tags not increasing: one by one", ds(3, 2), []bool{false, true}, false,
 			[]settleOp{{tag: 3, ack: true}, {tag: 2}}},
+		{"an older batch in flight: one by one", ds(9, 10, 11), []bool{false, true, false}, true,
+			[]settleOp{{tag: 9, ack: true}, {tag: 10}, {tag: 11, ack: true}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := planSettle(tc.ds, tc.requeue); !slices.Equal(got, tc.want) {
+			if got := planSettle(tc.ds, tc.requeue, !tc.younger); !slices.Equal(got, tc.want) {
 				t.Errorf("got %+v, want %+v", got, tc.want)
 			}
 		})
@@ -57,8 +60,16 @@ func TestBackoffDelay(t *testing.T) {
 }
 
 func TestURLsNeverShowPasswords(t *testing.T) {
-	if got := redactURL("amqp://user:hunter2@rabbit:5672/vh"); strings.Contains(got, "hunter2") || !strings.Contains(got, "user:xxxxx@rabbit") {
-		t.Errorf("redactURL = %q", got)
+	for raw, want := range map[string]string{
+		"amqp://user:hunter2@rabbit:5672/vh":           "amqp://rabbit:5672/vh",
+		"amqps://user@rabbit/%2f":                      "amqps://rabbit/%2f",
+		"amqp://user:hunter2@rabbit/vh?heartbeat=10#x": "amqp://rabbit/vh",
+		"amqp://rabbit":                                "amqp://rabbit",
+	} {
+		// No user info at all, not even the user name.
+		if got := redactURL(raw); got != want {
+			t.Errorf("redactURL(%q) = %q, want %q", raw, got, want)
+		}
 	}
 	for _, bad := range []string{"amqp://user:hunter2@rabbit:port/", "amqp://user:hun ter2@rabbit/", "http://user:hunter2@rabbit/", "amqp://user:hunter2@[::1/"} {
 		err := validateURL(bad)

@@ -1,0 +1,377 @@
+package queue_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/klaxonhq/klaxon/internal/queue"
+)
+
+// These tests use the prefetch as their witness: the broker sends no more
+// than Prefetch deliveries ahead of the acks it has processed, so a handler
+// that sees more than Prefetch deliveries while one batch is held proves that
+// the other batches were acked meanwhile, at the broker, not only handled.
+
+func msgIndex(id string) int {
+	var k int
+	_, _ = fmt.Sscanf(id, "m%d", &k)
+	return k
+}
+
+func hasTag(b *queue.Batch, tag uint64) bool {
+	return slices.ContainsFunc(b.Deliveries, func(d queue.Delivery) bool { return d.DeliveryTag == tag })
+}
+
+func TestConcurrencyIsChecked(t *testing.T) {
+	if _, err := queue.NewConsumer(queue.ConsumerConfig{URL: defaultTestURL, Queue: "q", Concurrency: -1}); err == nil {
+		t.Error("NewConsumer accepted Concurrency -1")
+	}
+}
+
+// A batch stuck in its handler does not stop the batches behind it from
+// being handled and acked; when it finally requeues its deliveries, only
+// they come back: no younger batch's ack settled them on the way (a
+// multiple ack would have, and the nack of an already-acked tag would have
+// closed the channel).
+func TestConcurrentBatchesPassABlockedOne(t *testing.T) {
+	b := newBroker(t)
+	q := b.queueName()
+	pub := newPublisher(t, queue.PublisherConfig{})
+	if err := pub.Declare(t.Context(), q, nil); err != nil {
+		t.Fatal(err)
+	}
+	const n, prefetch = 50, 10
+	fill(t, pub, q, n)
+
+	tr := &transitions{}
+	l := newLedger()
+	blocked := make(chan []string, 1) // the ids of the blocked batch
+	release := make(chan struct{})
+	var firstSeen atomic.Int64
+	_, r := startConsumer(t, queue.ConsumerConfig{
+		Queue: q, Prefetch: prefetch, MaxBatch: 2, Concurrency: 4,
+		Hooks: queue.Hooks{Connection: tr.hook},
+	}, func(ctx context.Context, batch *queue.Batch) error {
+		if !hasTag(batch, 1) {
+			l.record(batch, func(int) bool { return false })
+			return nil
+		}
+		if firstSeen.Add(1) > 1 {
+			t.Error("the batch holding tag 1 was handled twice")
+		}
+		var ids []string
+		for _, d := range batch.Deliveries {
+			ids = append(ids, d.MessageID)
+		}
+		blocked <- ids
+		select {
+		case <-release:
+		case <-ctx.Done():
+			t.Errorf("blocked handler's context ended: %v", ctx.Err())
+		}
+		for i := range batch.Deliveries {
+			batch.Requeue(i)
+		}
+		l.record(batch, func(int) bool { return true })
+		return nil
+	})
+	held := receive(t, blocked, 10*time.Second, "the first batch")
+	if !eventually(15*time.Second, func() bool { return l.ackedCount() == n-len(held) }) {
+		t.Fatalf("acked %d of the %d messages behind the blocked batch", l.ackedCount(), n-len(held))
+	}
+	close(release)
+	if !eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
+		t.Fatalf("acked %d of %d after the release", l.ackedCount(), n)
+	}
+	r.stop(t, 10*time.Second)
+
+	l.exactlyOnce(t, n)
+	var redelivered []string
+	for id := range l.redelivd {
+		redelivered = append(redelivered, id)
+	}
+	slices.Sort(redelivered)
+	slices.Sort(held)
+	if !slices.Equal(redelivered, held) {
+		t.Errorf("redelivered %v, want exactly the requeued batch %v", redelivered, held)
+	}
+	if got := tr.get(); !slices.Equal(got, []bool{true, false}) {
+		t.Errorf("connection transitions %v, want up then down at the stop: the channel must not have failed", got)
+	}
+	b.waitReady(q, 0, 5*time.Second)
+}
+
+// A handler error holds and retries that batch alone, with the same
+// deliveries and a growing Attempt, while the other batches go on.
+func TestConcurrentHandlerErrorsRetryPerBatch(t *testing.T) {
+	b := newBroker(t)
+	q := b.queueName()
+	pub := newPublisher(t, queue.PublisherConfig{})
+	if err := pub.Declare(t.Context(), q, nil); err != nil {
+		t.Fatal(err)
+	}
+	const n, prefetch = 40, 10
+	fill(t, pub, q, n)
+
+	type call struct {
+		attempt int
+		ids     []string
+	}
+	var mu sync.Mutex
+	calls := map[uint64][]call{} // by the batch's first tag
+	l := newLedger()
+	var stuckSize atomic.Int64
+	bo := queue.Backoff{Min: 10 * time.Millisecond, Max: 40 * time.Millisecond}
+	_, r := startConsumer(t, queue.ConsumerConfig{
+		Queue: q, Prefetch: prefetch, MaxBatch: 2, Concurrency: 4, Backoff: bo,
+	}, func(_ context.Context, batch *queue.Batch) error {
+		var ids []string
+		for _, d := range batch.Deliveries {
+			if d.Redelivered {
+				t.Errorf("%s redelivered: the batch should have been held, not nacked", d.MessageID)
+			}
+			ids = append(ids, d.MessageID)
+		}
+		first := batch.Deliveries[0].DeliveryTag
+		mu.Lock()
+		calls[first] = append(calls[first], call{batch.Attempt, ids})
+		mu.Unlock()
+		if first == 1 {
+			// Fails until every other message is acked: held all along.
+			stuckSize.Store(int64(len(ids)))
+			if l.ackedCount() < n-len(ids) {
+				return errBoom
+			}
+		} else if batch.Attempt == 1 {
+			return errBoom // once
+		}
+		l.record(batch, func(int) bool { return false })
+		return nil
+	})
+	if !eventually(15*time.Second, func() bool { return l.ackedCount() == n }) {
+		t.Fatalf("acked %d of %d (the held batch holds %d)", l.ackedCount(), n, stuckSize.Load())
+	}
+	r.stop(t, 10*time.Second)
+
+	l.exactlyOnce(t, n)
+	mu.Lock()
+	defer mu.Unlock()
+	for first, cs := range calls {
+		for i, c := range cs {
+			if c.attempt != i+1 {
+				t.Errorf("batch at tag %d: call %d has Attempt %d", first, i, c.attempt)
+			}
+			if !slices.Equal(c.ids, cs[0].ids) {
+				t.Errorf("batch at tag %d: call %d got %v, want the same batch %v", first, i, c.ids, cs[0].ids)
+			}
+		}
+		switch {
+		case first == 1 && len(cs) < 2:
+			t.Errorf("the held batch was called %d times, want retries", len(cs))
+		case first != 1 && len(cs) != 2:
+			t.Errorf("batch at tag %d: %d calls, want 2 (one failure, one success)", first, len(cs))
+		}
+	}
+	if len(calls[1]) == 0 {
+		t.Error("no batch started at tag 1")
+	}
+	b.waitReady(q, 0, 5*time.Second)
+}
+
+// A channel cut with batches in flight: what was acked before the cut never
+// comes again, exactly the deliveries held in handlers come again, marked
+// Redelivered, and the new channel's first batch is handled only once every
+// handler of the old one has returned.
+func TestConcurrentChannelCutRedeliversExactlyTheUnacked(t *testing.T) {
+	b := newBroker(t)
+	q := b.queueName()
+	pub := newPublisher(t, queue.PublisherConfig{})
+	if err := pub.Declare(t.Context(), q, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The first ackFirst messages are acked, every later batch of the first
+	// channel is held. Concurrency = prefetch: every delivery the broker
+	// sends reaches a handler, so the handlers see all it sent.
+	const n, prefetch, ackFirst = 40, 8, 4
+	fill(t, pub, q, n)
+
+	px, viaProxy := newProxy(t)
+	tr := &transitions{}
+	l := newLedger()
+	var mu sync.Mutex
+	cut := false
+	before := map[string]bool{}  // first channel: id → acked (else held)
+	after := map[string][]bool{} // after the cut: id → Redelivered of each delivery
+	var inHandler atomic.Int64   // first-channel handlers still running
+	reup := make(chan struct{})  // closed when the consumer is up again
+	var ups atomic.Int64
+	_, r := startConsumer(t, queue.ConsumerConfig{
+		URL: viaProxy, Queue: q, Prefetch: prefetch, MaxBatch: 2, Concurrency: prefetch,
+		Backoff: queue.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond},
+		Hooks: queue.Hooks{Connection: func(up bool) {
+			tr.hook(up)
+			if up && ups.Add(1) == 2 {
+				close(reup)
+			}
+		}},
+	}, func(ctx context.Context, batch *queue.Batch) error {
+		mu.Lock()
+		if cut {
+			if k := inHandler.Load(); k != 0 {
+				t.Errorf("the new channel's batch was handled while %d handlers of the old one ran", k)
+			}
+			for _, d := range batch.Deliveries {
+				after[d.MessageID] = append(after[d.MessageID], d.Redelivered)
+			}
+			mu.Unlock()
+			l.record(batch, func(int) bool { return false })
+			return nil
+		}
+		ack := !slices.ContainsFunc(batch.Deliveries, func(d queue.Delivery) bool { return msgIndex(d.MessageID) >= ackFirst })
+		for _, d := range batch.Deliveries {
+			before[d.MessageID] = ack
+		}
+		if !ack {
+			inHandler.Add(1)
+		}
+		mu.Unlock()
+		if ack {
+			l.record(batch, func(int) bool { return false })
+			return nil
+		}
+		defer inHandler.Add(-1)
+		<-ctx.Done() // ends when the channel dies
+		// Go on a little after it, as a send in flight does (the deliverer
+		// gives one a grace): the consumer must not reconnect meanwhile. A
+		// bounded wait for something that must not happen.
+		select {
+		case <-reup:
+			t.Error("reconnected while a handler of the old channel still ran")
+		case <-time.After(300 * time.Millisecond):
+		}
+		return nil // claim success: the acks must not reach the new channel
+	})
+	// The broker has sent prefetch deliveries beyond those acked: it has
+	// processed every ack, and holds exactly the others unacked.
+	full := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		acked := 0
+		for _, a := range before {
+			if a {
+				acked++
+			}
+		}
+		if len(before) == prefetch+acked {
+			cut = true
+		}
+		return cut
+	}
+	if !eventually(10*time.Second, full) {
+		mu.Lock()
+		got := fmt.Sprint(before)
+		mu.Unlock()
+		t.Fatalf("the broker sent %v (id: acked), want the prefetch beyond the acked ones", got)
+	}
+	if k := px.cut(); k != 1 {
+		t.Fatalf("cut %d connections, want 1", k)
+	}
+	if !eventually(15*time.Second, func() bool { return l.ackedCount() == n }) {
+		t.Fatalf("acked %d of %d after the cut", l.ackedCount(), n)
+	}
+	r.stop(t, 10*time.Second)
+
+	l.exactlyOnce(t, n)
+	if !tr.reconnected() {
+		t.Errorf("transitions %v, want up, down, up", tr.get())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	held := 0
+	for i := range n {
+		id := fmt.Sprintf("m%d", i)
+		acked, seen := before[id]
+		var want []bool
+		switch {
+		case seen && acked: // never again
+		case seen:
+			held++
+			want = []bool{true}
+		default:
+			want = []bool{false}
+		}
+		if !slices.Equal(after[id], want) {
+			t.Errorf("%s (first channel: seen %v, acked %v): after the cut delivered with Redelivered %v, want %v",
+				id, seen, acked, after[id], want)
+		}
+	}
+	if held != prefetch {
+		t.Errorf("%d deliveries held at the cut, want %d", held, prefetch)
+	}
+	b.waitReady(q, 0, 5*time.Second)
+}
+
+// A graceful stop lets every handler in flight finish, within StopGrace,
+// settles each batch, and gives the rest back.
+func TestConcurrentGracefulStopWaitsForEveryHandler(t *testing.T) {
+	b := newBroker(t)
+	q := b.queueName()
+	pub := newPublisher(t, queue.PublisherConfig{})
+	if err := pub.Declare(t.Context(), q, nil); err != nil {
+		t.Fatal(err)
+	}
+	const n, slots = 50, 4
+	fill(t, pub, q, n)
+
+	type inFlight struct {
+		size    int
+		release chan struct{}
+		ctxErr  chan error
+	}
+	entered := make(chan inFlight, slots)
+	var calls atomic.Int64
+	_, r := startConsumer(t, queue.ConsumerConfig{Queue: q, Prefetch: 20, MaxBatch: 2, Concurrency: slots},
+		func(ctx context.Context, batch *queue.Batch) error {
+			if calls.Add(1) > slots {
+				t.Error("a batch was handed out while every slot was taken, or after the stop")
+				return nil
+			}
+			f := inFlight{len(batch.Deliveries), make(chan struct{}), make(chan error, 1)}
+			entered <- f
+			<-f.release
+			f.ctxErr <- ctx.Err()
+			return nil
+		})
+	var fs []inFlight
+	for range slots {
+		fs = append(fs, receive(t, entered, 10*time.Second, "a batch in every slot"))
+	}
+	// Cancel before any release, so that no freed slot takes a new batch.
+	r.cancel()
+	stopped := make(chan time.Duration, 1)
+	go func() { stopped <- r.stop(t, 10*time.Second) }()
+	held := 0
+	for i, f := range fs {
+		select {
+		case <-stopped:
+			t.Fatalf("Consume returned with %d handlers still running", slots-i)
+		default:
+		}
+		close(f.release)
+		if err := receive(t, f.ctxErr, 5*time.Second, "handler end"); err != nil {
+			t.Errorf("handler %d: context ended (%v) within the stop grace", i, err)
+		}
+		held += f.size
+	}
+	took := receive(t, stopped, 10*time.Second, "Consume to return")
+	if took > 5*time.Second {
+		t.Errorf("stop took %s", took)
+	}
+	// The finished batches are acked; the rest of the prefetch is back.
+	b.waitReady(q, n-held, 5*time.Second)
+}
