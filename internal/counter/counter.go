@@ -26,6 +26,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -271,7 +272,7 @@ func (e *Engine) args(c *call, events []Event) []any {
 		}
 	}
 	for _, r := range c.rules {
-		size += 4 + 4*len(r.Windows)
+		size += 5 + 4*len(r.Windows)
 	}
 	args := make([]any, 0, size)
 	args = append(args, e.dedupTTL, len(c.rules))
@@ -280,7 +281,7 @@ func (e *Engine) args(c *call, events []Event) []any {
 		if r.Users {
 			users = 1
 		}
-		args = append(args, r.ID+":"+r.Version, r.Cooldown.Milliseconds(), users, len(r.Windows))
+		args = append(args, r.ID+":"+r.Version, ruleTag(r.ID), r.Cooldown.Milliseconds(), users, len(r.Windows))
 		for _, w := range r.Windows {
 			args = append(args, w.Threshold, w.Period.Milliseconds(),
 				Resolution(w.Period).Milliseconds(), buckets(w.Period))
@@ -390,7 +391,11 @@ func (r *reply) next() int64 {
 // result reads one event's result.
 func (r *reply) result(ev *Event) Result {
 	te, dup, n := r.next(), r.next(), r.next()
-	res := Result{Time: time.UnixMilli(te), Duplicate: dup == 1}
+	res := Result{Time: time.UnixMilli(te), Duplicate: dup != 0}
+	if dup == 2 {
+		res.Outcomes = r.replay(ev, int(n))
+		return res
+	}
 	if int(n) != len(ev.Rules) {
 		// A replay of a first observation made with other rules: the stored
 		// outcomes do not line up with today's rules, so report none rather
@@ -412,6 +417,50 @@ func (r *reply) result(ev *Event) Result {
 		res.Outcomes[k] = o
 	}
 	return res
+}
+
+// replay reads the n tagged outcomes of a repeat whose first observation
+// fired, and gives each to the event's rule of that tag: the rules matched
+// may have changed since (an edit between a crash and the redelivery), and
+// a firing must go to its own rule or, if that rule is gone or has another
+// number of windows now, nowhere. Rules without a recorded outcome get an
+// empty one.
+func (r *reply) replay(ev *Event, n int) []Outcome {
+	byTag := make(map[int64]int, len(ev.Rules))
+	for i, rule := range ev.Rules {
+		byTag[ruleTag(rule.ID)] = i
+	}
+	outs := make([]Outcome, len(ev.Rules))
+	for i, rule := range ev.Rules {
+		outs[i] = Outcome{Rule: rule, Window: -1, Counts: []int64{}}
+	}
+	for range n {
+		tag := r.next()
+		i, ok := byTag[tag]
+		if !ok {
+			r.outcome(nil)
+			continue
+		}
+		o := r.outcome(ev.Rules[i])
+		if len(o.Counts) != len(o.Rule.Windows) {
+			// The rule has other windows now: what fired then cannot be
+			// told in today's terms, so it is not told at all.
+			continue
+		}
+		if o.Fired {
+			o.ID = FiringID(ev.ProjectID, o.Rule.ID, ev.GroupHash, o.At)
+		}
+		outs[i] = o
+	}
+	return outs
+}
+
+// ruleTag is a number for a rule's id that Lua can store and give back
+// exactly: 46 bits, so that Lua's own number formatting (14 digits) keeps it.
+func ruleTag(id string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte(id))
+	return int64(h.Sum64() >> 18)
 }
 
 // outcome reads one rule's outcome.

@@ -254,6 +254,64 @@ func TestRedeliveryIsIdempotent(t *testing.T) {
 	}
 }
 
+// A repeat whose first observation fired gives each firing to its own rule
+// by id, whatever the event's rules are now: a rule edited, added, removed
+// or moved between a crash and the redelivery takes no firing that is not
+// its own, and loses none that is.
+func TestReplayFollowsEachRuleByID(t *testing.T) {
+	rdb := testRedis(t)
+	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+	fires := mustRule(t, seenMore(rules.WindowSpec{Threshold: 1, Period: 60_000}))
+	quiet := mustRule(t, seenMore(rules.WindowSpec{Threshold: 100, Period: 60_000}))
+	added := mustRule(t, seenMore(rules.WindowSpec{Threshold: 1, Period: 60_000}))
+	ev := func(rs ...*rules.Rule) Event {
+		return Event{ID: "m1", ProjectID: project, GroupHash: "g", Rules: rs}
+	}
+	first := observe(t, e, ev(fires, quiet))[0].Outcomes
+	if !first[0].Fired || first[1].Fired {
+		t.Fatalf("first observation fired %v %v, want true false", first[0].Fired, first[1].Fired)
+	}
+
+	// Reordered, and a rule added that would fire now.
+	got := observe(t, e, ev(added, quiet, fires))[0]
+	if !got.Duplicate {
+		t.Fatal("redelivery not reported as duplicate")
+	}
+	if o := got.Outcomes[2]; !o.Fired || o.ID != first[0].ID || o.Rule != fires {
+		t.Errorf("the firing rule's replay %+v, want its first firing %s", o, first[0].ID)
+	}
+	if got.Outcomes[0].Fired || got.Outcomes[1].Fired {
+		t.Errorf("other rules fired on a replay: %+v", got.Outcomes)
+	}
+	if c := got.Outcomes[1].Counts; len(c) != 1 || c[0] != 1 {
+		t.Errorf("the quiet rule's replayed counts %v, want [1] as first observed", c)
+	}
+
+	// The firing rule removed: nothing fires, nothing fails.
+	got = observe(t, e, ev(quiet))[0]
+	if len(got.Outcomes) != 1 || got.Outcomes[0].Fired || got.Outcomes[0].Rule != quiet {
+		t.Errorf("replay without the firing rule: %+v", got.Outcomes)
+	}
+
+	// The firing rule edited to another period (a new version): still its firing.
+	spec := seenMore(rules.WindowSpec{Threshold: 1, Period: 120_000})
+	spec.ID = fires.ID
+	edited := mustRule(t, spec)
+	if edited.Version == fires.Version {
+		t.Fatal("a period edit kept the rule's version")
+	}
+	if o := observe(t, e, ev(edited))[0].Outcomes[0]; !o.Fired || o.ID != first[0].ID {
+		t.Errorf("the edited rule's replay %+v, want its first firing %s", o, first[0].ID)
+	}
+
+	// Another number of windows: the firing cannot be told in its terms.
+	spec = seenMore(rules.WindowSpec{Threshold: 1, Period: 60_000}, rules.WindowSpec{Threshold: 5, Period: 1_000})
+	spec.ID = fires.ID
+	if o := observe(t, e, ev(mustRule(t, spec)))[0].Outcomes[0]; o.Fired || len(o.Counts) != 0 {
+		t.Errorf("replay for a rule with two windows now: %+v, want an empty outcome", o)
+	}
+}
+
 // An id is remembered for at least DedupTTL, across the slot boundary of its
 // hash, and forgotten two slots later; the hash expires by itself.
 func TestRedeliveryAcrossDedupSlots(t *testing.T) {

@@ -6,7 +6,7 @@
 --          of one group runs on Redis Cluster; a call of several groups is
 --          for a single node or Sentinel, where it saves a call per group.
 -- ARGV     dedupTTL(ms) nrules
---          per rule:  key cooldown(ms) users(0|1) nwindows
+--          per rule:  key tag cooldown(ms) users(0|1) nwindows
 --                     per window: threshold period(ms) bucket(ms) nbuckets
 --          per group, in KEYS order: nevents
 --            per event: id ts(ms, -1 = now) user nmatched rule-index...
@@ -29,9 +29,12 @@
 --
 -- Reply, flat integers, per group in KEYS order, per event:
 --   te dup nmatched, then per matched rule: fired L U window nwindows count...
--- An event whose id was seen within dedupTTL counts nothing and replays its
--- first reply (dup=1) if something fired then, else its time and empty
--- outcomes (fired=0 L=0 U=0 window=-1 nwindows=0).
+-- An event whose id was seen within dedupTTL counts nothing. If something
+-- fired then, it replays its first reply with dup=2 and each outcome led by
+-- its rule's tag (a number the caller derives from the rule's id), so that
+-- the firing goes to its rule even if the event's rules changed since;
+-- else (dup=1) its time and empty outcomes (fired=0 L=0 U=0 window=-1
+-- nwindows=0). Records from before tags replay as they were, with dup=1.
 --
 -- Numbers given to redis.call are formatted with '%d': Lua's own conversion
 -- goes through '%.14g', which costs more than the command it feeds.
@@ -49,10 +52,10 @@ local dedup_cur, dedup_prev = fmt(':m:%d', slot), fmt(':m:%d', slot - 1)
 local rules = {}
 local p = 3
 for r = 1, tonumber(a[2]) do
-  local rule = {key = a[p], cooldown = tonumber(a[p + 1]),
-                users = a[p + 2] == '1', windows = {}, maxp = 0, cap = 0}
-  local nw = tonumber(a[p + 3])
-  p = p + 4
+  local rule = {key = a[p], tag = a[p + 1], cooldown = tonumber(a[p + 2]),
+                users = a[p + 3] == '1', windows = {}, maxp = 0, cap = 0}
+  local nw = tonumber(a[p + 4])
+  p = p + 5
   local format, at = {'<i8i8'}, 3 -- at: index of the next value in the state
   for i = 1, nw do
     local w = {t = tonumber(a[p]), p = tonumber(a[p + 1]), b = tonumber(a[p + 2]),
@@ -253,23 +256,30 @@ local function run(group, out, n)
     elseif record then
       local start = n
       for v in string.gmatch(record, '[^,]+') do n = n + 1; out[n] = tonumber(v) end
-      out[start + 2] = 1
+      if out[start + 2] == 0 then out[start + 2] = 1 end -- untagged, from before tags
     else
       local te = ts
       if te < 0 or te > now then te = now end
       local start = n
       out[n + 1] = te; out[n + 2] = 0; out[n + 3] = nm
       n = n + 3
-      local any = 0
+      local any, ends = 0, {}
       for k = first, first + nm - 1 do
         local fired
         n, fired = observe(group.states[a[k]], te, user, out, n)
         any = any + fired
+        ends[#ends + 1] = n
       end
       if id ~= '' then
         -- A repeat needs its firings back, not the counts of the rest.
         if any > 0 then
-          record = table.concat(out, ',', start + 1, n)
+          local parts, from = {fmt('%d,2,%d', te, nm)}, start + 3
+          for j = 1, nm do
+            parts[#parts + 1] = group.states[a[first + j - 1]].rule.tag
+            parts[#parts + 1] = table.concat(out, ',', from + 1, ends[j])
+            from = ends[j]
+          end
+          record = table.concat(parts, ',')
         else
           record = fmt('%d', te)
         end
