@@ -7,16 +7,22 @@ package deploy_test
 import (
 	"bufio"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
 	"io/fs"
 	"net"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"gopkg.in/yaml.v3"
 
@@ -24,6 +30,10 @@ import (
 )
 
 const metricsPort = 9464
+
+// minGrace is the least time a worker must be given between SIGTERM and
+// SIGKILL: Klaxon exits within 10 s of SIGTERM (CONTRACT §1), plus a margin.
+const minGrace = 15 * time.Second
 
 // knownVariables maps every name config.Load reads, Hawk aliases included.
 func knownVariables() map[string]bool {
@@ -37,13 +47,82 @@ func knownVariables() map[string]bool {
 	return known
 }
 
-// checkNames fails for every name config.Load does not read.
+// documentedVariables maps every name in docs/configuration.md's table of
+// variables: the first column (the KLAXON_ name) and the third (Hawk alias).
+func documentedVariables(t *testing.T) map[string]bool {
+	t.Helper()
+	raw, err := os.ReadFile("../docs/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]bool{}
+	for line := range strings.Lines(string(raw)) {
+		cells := strings.Split(line, "|")
+		if !strings.HasPrefix(line, "| `") || len(cells) < 5 {
+			continue
+		}
+		for _, cell := range []string{cells[1], cells[3]} {
+			if name := strings.Trim(strings.TrimSpace(cell), "`"); name != "" {
+				documented[name] = true
+			}
+		}
+	}
+	return documented
+}
+
+// checkNames fails for every name config.Load does not read, or that
+// docs/configuration.md does not describe.
 func checkNames(t *testing.T, where string, env map[string]string) {
 	t.Helper()
-	known := knownVariables()
+	known, documented := knownVariables(), documentedVariables(t)
 	for name := range env {
 		if !known[name] {
 			t.Errorf("%s: %s is not a variable Klaxon reads (see docs/configuration.md)", where, name)
+		} else if !documented[name] {
+			t.Errorf("%s: %s is not in docs/configuration.md's table", where, name)
+		}
+	}
+}
+
+// The names above come from config.Variables(); it must list every Env*
+// constant of internal/config (what Load reads), and nothing else, or a
+// valid variable is refused here and a dropped one still accepted.
+func TestVariablesMatchEnvConstants(t *testing.T) {
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, "../internal/config/config.go", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var consts []string
+	ast.Inspect(f, func(n ast.Node) bool {
+		vs, ok := n.(*ast.ValueSpec)
+		if !ok {
+			return true
+		}
+		for i, id := range vs.Names {
+			if !strings.HasPrefix(id.Name, "Env") || i >= len(vs.Values) {
+				continue
+			}
+			if lit, ok := vs.Values[i].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+				v, _ := strconv.Unquote(lit.Value)
+				consts = append(consts, v)
+			}
+		}
+		return true
+	})
+	var listed []string
+	for _, v := range config.Variables() {
+		listed = append(listed, v.Name)
+	}
+	slices.Sort(consts)
+	slices.Sort(listed)
+	if len(consts) < 20 || !slices.Equal(consts, listed) {
+		t.Errorf("Env* constants of config.go %v\ndiffer from config.Variables() %v", consts, listed)
+	}
+	documented := documentedVariables(t)
+	for _, v := range config.Variables() {
+		if !documented[v.Name] || (v.Alias != "" && !documented[v.Alias]) {
+			t.Errorf("%s (alias %q) is missing from docs/configuration.md's table", v.Name, v.Alias)
 		}
 	}
 }
@@ -108,8 +187,57 @@ type composeFile struct {
 		DependsOn map[string]struct {
 			Condition string `yaml:"condition"`
 		} `yaml:"depends_on"`
-		ContainerName string `yaml:"container_name"`
+		ContainerName   string    `yaml:"container_name"`
+		Hostname        string    `yaml:"hostname"`
+		Command         yaml.Node `yaml:"command"` // a string or a list
+		Volumes         yaml.Node `yaml:"volumes"` // short or long syntax
+		StopGracePeriod string    `yaml:"stop_grace_period"`
 	} `yaml:"services"`
+}
+
+// words splits a Compose command, in either of its forms, into words.
+func words(t *testing.T, n yaml.Node) []string {
+	t.Helper()
+	switch n.Kind {
+	case 0:
+		return nil
+	case yaml.ScalarNode:
+		return strings.Fields(n.Value)
+	case yaml.SequenceNode:
+		var list []string
+		if err := n.Decode(&list); err != nil {
+			t.Fatalf("command: %v", err)
+		}
+		return list
+	}
+	t.Fatalf("command is neither a string nor a list")
+	return nil
+}
+
+// mountTargets lists the container paths of a service's volumes.
+func mountTargets(t *testing.T, n yaml.Node) []string {
+	t.Helper()
+	var targets []string
+	for _, v := range n.Content {
+		switch v.Kind {
+		case yaml.ScalarNode: // source:target[:mode]
+			parts := strings.Split(v.Value, ":")
+			if len(parts) == 1 {
+				targets = append(targets, parts[0])
+			} else {
+				targets = append(targets, parts[1])
+			}
+		case yaml.MappingNode:
+			var long struct {
+				Target string `yaml:"target"`
+			}
+			if err := v.Decode(&long); err != nil {
+				t.Fatalf("volumes: %v", err)
+			}
+			targets = append(targets, long.Target)
+		}
+	}
+	return targets
 }
 
 // environment reads a Compose environment in either of its forms: a map, or
@@ -186,6 +314,22 @@ func TestCompose(t *testing.T) {
 			t.Errorf("klaxon depends on %s with condition %q, want service_healthy", name, c)
 		}
 	}
+	// Compose's default is 10 s, all the worker may take: leave a margin.
+	if grace, err := time.ParseDuration(k.StopGracePeriod); err != nil || grace < minGrace {
+		t.Errorf("klaxon stop_grace_period %q; Klaxon needs up to 10 s after SIGTERM, give it at least %v", k.StopGracePeriod, minGrace)
+	}
+
+	// RabbitMQ stores its data under rabbit@<hostname>: a recreated container
+	// with Docker's random hostname starts empty beside its old queues.
+	r := f.Services["rabbitmq"]
+	if slices.Contains(mountTargets(t, r.Volumes), "/var/lib/rabbitmq") && r.Hostname == "" {
+		t.Error("rabbitmq keeps /var/lib/rabbitmq in a volume but has no fixed hostname: a recreated container loses its queues")
+	}
+	// docs/guarantees.md: Redis must persist with an append-only file.
+	cmd := words(t, f.Services["redis"].Command)
+	if i := slices.Index(cmd, "--appendonly"); i < 0 || i+1 >= len(cmd) || cmd[i+1] != "yes" {
+		t.Errorf("redis command %q lacks --appendonly yes, which Klaxon's guarantees require", cmd)
+	}
 
 	env := environment(t, k.Environment)
 	c := checkVariables(t, "docker-compose.yml", env)
@@ -250,6 +394,7 @@ func TestDockerfile(t *testing.T) {
 
 	env := map[string]string{}
 	var user, entrypoint, expose string
+	var copies [][]string // the final stage's COPY --from=... instructions, as words
 	for _, instr := range final {
 		keyword, args, _ := strings.Cut(instr, " ")
 		switch strings.ToUpper(keyword) {
@@ -257,6 +402,10 @@ func TestDockerfile(t *testing.T) {
 			user = args
 		case "ENTRYPOINT":
 			entrypoint = args
+		case "COPY":
+			if strings.Contains(args, "--from=") {
+				copies = append(copies, strings.Fields(args))
+			}
 		case "EXPOSE":
 			expose = args
 		case "ENV":
@@ -283,9 +432,7 @@ func TestDockerfile(t *testing.T) {
 	if u, _, _ := strings.Cut(user, ":"); u == "root" || u == "0" {
 		t.Errorf("final image runs as USER %s", user)
 	}
-	if !strings.Contains(entrypoint, "klaxon") {
-		t.Errorf("ENTRYPOINT %q does not run klaxon", entrypoint)
-	}
+	checkBinary(t, build, copies, entrypoint)
 	if !slices.Contains(strings.Fields(expose), "9464") {
 		t.Errorf("EXPOSE %q lacks %d", expose, metricsPort)
 	}
@@ -296,12 +443,66 @@ func TestDockerfile(t *testing.T) {
 	}
 }
 
+// checkBinary follows the worker from go build to ENTRYPOINT: the build
+// compiles ./cmd/worker, the final stage copies that output, and ENTRYPOINT
+// runs the copy, in exec form since the distroless image has no shell.
+func checkBinary(t *testing.T, build []string, copies [][]string, entrypoint string) {
+	t.Helper()
+	var out, pkg string
+	for _, instr := range build {
+		_, cmd, ok := strings.Cut(instr, "go build ")
+		if !ok {
+			continue
+		}
+		fields := strings.Fields(cmd)
+		for i, f := range fields {
+			if f == "-o" && i+1 < len(fields) {
+				out = fields[i+1]
+			} else if o, ok := strings.CutPrefix(f, "-o="); ok {
+				out = o
+			}
+		}
+		pkg = fields[len(fields)-1]
+	}
+	if pkg != "./cmd/worker" || out == "" {
+		t.Fatalf("the build stage does not go build -o <file> ./cmd/worker (builds %q into %q)", pkg, out)
+	}
+
+	var installed string
+	for _, words := range copies {
+		var args []string
+		for _, w := range words {
+			if !strings.HasPrefix(w, "--") {
+				args = append(args, w)
+			}
+		}
+		if len(args) == 2 && path.Clean(args[0]) == path.Clean(out) {
+			installed = args[1]
+			if strings.HasSuffix(installed, "/") {
+				installed += path.Base(out)
+			}
+		}
+	}
+	if installed == "" {
+		t.Fatalf("the final stage does not COPY --from the build's %s", out)
+	}
+
+	var argv []string
+	if err := json.Unmarshal([]byte(entrypoint), &argv); err != nil || len(argv) == 0 {
+		t.Fatalf("ENTRYPOINT %s is not in exec form [\"/path\"]; the distroless image has no shell", entrypoint)
+	}
+	if path.Clean(argv[0]) != path.Clean(installed) {
+		t.Errorf("ENTRYPOINT runs %s, but the worker is copied to %s", argv[0], installed)
+	}
+}
+
 // --- deploy/k8s ---
 
 type object struct {
 	file       string
-	APIVersion string `yaml:"apiVersion"`
-	Kind       string `yaml:"kind"`
+	node       yaml.Node // the document, for what decoding loses (tags)
+	APIVersion string    `yaml:"apiVersion"`
+	Kind       string    `yaml:"kind"`
 	Metadata   struct {
 		Name        string            `yaml:"name"`
 		Labels      map[string]string `yaml:"labels"`
@@ -329,9 +530,12 @@ func readManifests(t *testing.T, dir string) []object {
 		dec := yaml.NewDecoder(f)
 		for {
 			var o object
-			err := dec.Decode(&o)
+			err := dec.Decode(&o.node)
 			if errors.Is(err, io.EOF) {
 				break
+			}
+			if err == nil {
+				err = o.node.Decode(&o)
 			}
 			if err != nil {
 				t.Errorf("%s: %v", path, err)
@@ -412,6 +616,42 @@ type deploymentSpec struct {
 	} `yaml:"template"`
 }
 
+// checkStrings fails for every value of o's data and stringData that YAML
+// reads as something else than a string (2000, true, 5.0, null): the API
+// server refuses such a ConfigMap or Secret, where a decoder into strings,
+// like this test's, would not notice.
+func checkStrings(t *testing.T, o object) {
+	t.Helper()
+	doc := &o.node
+	if doc.Kind == yaml.DocumentNode && len(doc.Content) == 1 {
+		doc = doc.Content[0]
+	}
+	for i := 0; i+1 < len(doc.Content); i += 2 {
+		if key := doc.Content[i].Value; key != "data" && key != "stringData" {
+			continue
+		}
+		m := doc.Content[i+1]
+		for j := 0; j+1 < len(m.Content); j += 2 {
+			if v := m.Content[j+1]; v.Kind != yaml.ScalarNode || v.ShortTag() != "!!str" {
+				t.Errorf("%s: %s %s is %s %q, not a string: quote it", o.file, o.Kind, m.Content[j].Value, v.ShortTag(), v.Value)
+			}
+		}
+	}
+}
+
+// selects reports whether a matchLabels selector picks pods labelled labels.
+func selects(selector, labels map[string]string) bool {
+	if len(selector) == 0 {
+		return false
+	}
+	for k, v := range selector {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
 // manifests indexes the decoded objects by kind.
 type manifests map[string][]object
 
@@ -456,14 +696,29 @@ func TestKubernetes(t *testing.T) {
 	}
 	checkNames(t, cm.file, cm.Data)
 	checkNames(t, secret.file, secretValues)
+	checkStrings(t, cm)
+	checkStrings(t, secret)
 	for k := range cm.Data {
 		if _, ok := secretValues[k]; ok {
 			t.Errorf("%s is set in both the ConfigMap and the Secret", k)
 		}
 	}
 	for _, v := range config.Variables() {
-		if _, inCM := cm.Data[v.Name]; inCM && v.Secret {
-			t.Errorf("%s holds a secret but is in the ConfigMap", v.Name)
+		for _, name := range []string{v.Name, v.Alias} {
+			if _, inCM := cm.Data[name]; inCM && name != "" && v.Secret {
+				t.Errorf("%s holds a secret but is in the ConfigMap", name)
+			}
+		}
+	}
+
+	// The pods the Deployment makes, for the objects that select them.
+	var deployment deploymentSpec
+	decodeSpec(t, m.one(t, "Deployment"), &deployment)
+	podLabels := deployment.Template.Metadata.Labels
+	podPorts := map[string]int{}
+	for _, c := range deployment.Template.Spec.Containers {
+		for _, p := range c.Ports {
+			podPorts[p.Name] = p.ContainerPort
 		}
 	}
 
@@ -480,8 +735,8 @@ func TestKubernetes(t *testing.T) {
 			}
 		}
 		pod := spec.Template.Spec
-		if pod.TerminationGracePeriodSeconds < 15 {
-			t.Errorf("terminationGracePeriodSeconds = %d; Klaxon needs up to 10 s after SIGTERM, give it at least 15", pod.TerminationGracePeriodSeconds)
+		if time.Duration(pod.TerminationGracePeriodSeconds)*time.Second < minGrace {
+			t.Errorf("terminationGracePeriodSeconds = %d; Klaxon needs up to 10 s after SIGTERM, give it at least %v", pod.TerminationGracePeriodSeconds, minGrace)
 		}
 		if !pod.SecurityContext.RunAsNonRoot || pod.SecurityContext.RunAsUser == nil || *pod.SecurityContext.RunAsUser == 0 {
 			t.Error("the pod does not run as a non-root user")
@@ -561,28 +816,39 @@ func TestKubernetes(t *testing.T) {
 		var spec struct {
 			Selector map[string]string `yaml:"selector"`
 			Ports    []struct {
-				Port int `yaml:"port"`
+				Port       int       `yaml:"port"`
+				TargetPort yaml.Node `yaml:"targetPort"` // a number, a port name, or unset (= port)
 			} `yaml:"ports"`
 		}
 		decodeSpec(t, s, &spec)
 		if len(spec.Ports) == 0 || spec.Ports[0].Port != metricsPort {
-			t.Errorf("the Service does not expose port %d", metricsPort)
+			t.Fatalf("the Service does not expose port %d", metricsPort)
+		}
+		target := spec.Ports[0].TargetPort.Value
+		if n, ok := podPorts[target]; ok {
+			target = strconv.Itoa(n)
+		} else if target == "" {
+			target = strconv.Itoa(spec.Ports[0].Port)
+		}
+		if target != strconv.Itoa(metricsPort) {
+			t.Errorf("the Service sends port %d to the pods' %q, not to %d", metricsPort, spec.Ports[0].TargetPort.Value, metricsPort)
+		}
+		if !selects(spec.Selector, podLabels) {
+			t.Errorf("the Service's selector %v does not select the pods %v", spec.Selector, podLabels)
 		}
 		a := s.Metadata.Annotations
 		if a["prometheus.io/scrape"] != "true" || a["prometheus.io/port"] != "9464" || a["prometheus.io/path"] != "/metrics" {
 			t.Errorf("prometheus.io annotations: %v", a)
-		}
-		if len(spec.Selector) == 0 {
-			t.Error("the Service selects no pods")
 		}
 	})
 
 	t.Run("PodDisruptionBudget", func(t *testing.T) {
 		p := m.one(t, "PodDisruptionBudget")
 		var spec struct {
-			MinAvailable   any `yaml:"minAvailable"`
-			MaxUnavailable any `yaml:"maxUnavailable"`
-			Selector       struct {
+			MinAvailable               any    `yaml:"minAvailable"`
+			MaxUnavailable             any    `yaml:"maxUnavailable"`
+			UnhealthyPodEvictionPolicy string `yaml:"unhealthyPodEvictionPolicy"`
+			Selector                   struct {
 				MatchLabels map[string]string `yaml:"matchLabels"`
 			} `yaml:"selector"`
 		}
@@ -590,8 +856,13 @@ func TestKubernetes(t *testing.T) {
 		if (spec.MinAvailable == nil) == (spec.MaxUnavailable == nil) {
 			t.Error("want exactly one of minAvailable and maxUnavailable")
 		}
-		if len(spec.Selector.MatchLabels) == 0 {
-			t.Error("the PodDisruptionBudget selects no pods")
+		if !selects(spec.Selector.MatchLabels, podLabels) {
+			t.Errorf("the PodDisruptionBudget's selector %v does not select the pods %v", spec.Selector.MatchLabels, podLabels)
+		}
+		// Every worker is unready while a dependency is down; the default
+		// policy would then refuse to evict any of them, blocking node drains.
+		if spec.UnhealthyPodEvictionPolicy != "AlwaysAllow" {
+			t.Errorf("unhealthyPodEvictionPolicy %q: a dependency outage (every pod unready) would block node drains; want AlwaysAllow", spec.UnhealthyPodEvictionPolicy)
 		}
 	})
 
