@@ -262,20 +262,44 @@ type proxy struct {
 	held bool
 }
 
-func newProxy(t testing.TB) (*proxy, string) {
+// proxyListener listens on a free local port for a proxy to the test
+// broker, at target; u is the broker's URL, to point at the listener.
+func proxyListener(t testing.TB) (ln net.Listener, target string, u *url.URL) {
 	t.Helper()
 	u, err := url.Parse(brokerURL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
 		t.Fatal(err)
 	}
-	target := u.Host
+	target = u.Host
 	if u.Port() == "" {
 		target = net.JoinHostPort(u.Hostname(), "5672")
 	}
+	return ln, target, u
+}
+
+// acceptPairs accepts clients on ln until it closes, dials target for each
+// and hands the pair to handle.
+func acceptPairs(ln net.Listener, target string, handle func(client, broker net.Conn)) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		up, err := net.Dial("tcp", target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		handle(c, up)
+	}
+}
+
+func newProxy(t testing.TB) (*proxy, string) {
+	t.Helper()
+	ln, target, u := proxyListener(t)
 	p := &proxy{ln: ln, target: target}
 	p.wg.Go(p.accept)
 	t.Cleanup(p.close)
@@ -284,22 +308,13 @@ func newProxy(t testing.TB) (*proxy, string) {
 }
 
 func (p *proxy) accept() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		up, err := net.Dial("tcp", p.target)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
+	acceptPairs(p.ln, p.target, func(c, up net.Conn) {
 		p.mu.Lock()
 		p.conns = append(p.conns, c, up)
 		p.mu.Unlock()
 		p.wg.Go(func() { _, _ = io.Copy(up, c); _ = up.Close() })
 		p.wg.Go(func() { p.down(c, up); _ = c.Close() })
-	}
+	})
 }
 
 // down copies broker→client, passing the gate for every chunk.

@@ -129,7 +129,9 @@ func (p *Publisher) Connected() bool { return p.state.up.Load() }
 // caller's redelivery is the retry.
 //
 // Without a connection, Publish connects first, waiting out the reconnect
-// backoff if a recent attempt failed, for as long as ctx allows.
+// backoff if a recent attempt failed, for as long as ctx allows. While the
+// broker blocks the connection (flow control: a memory or disk alarm), it
+// waits for the block to lift, for as long as ctx allows, writing nothing.
 func (p *Publisher) Publish(ctx context.Context, msgs ...Message) error {
 	if len(msgs) == 0 {
 		return nil
@@ -147,12 +149,20 @@ func (p *Publisher) publish(ctx context.Context, msgs []Message) error {
 	if err != nil {
 		return err
 	}
-	ch, err := pc.acquire()
-	if err != nil {
-		return fmt.Errorf("open publishing channel: %w", err)
+	if err := pc.waitUnblocked(ctx); err != nil {
+		return err
 	}
-	returned, reusable, err := ch.publish(ctx, msgs)
-	pc.release(ch, reusable)
+	var returned []amqp.Return // read only once f has returned
+	err = pc.do(ctx, func() error {
+		ch, err := pc.acquire()
+		if err != nil {
+			return fmt.Errorf("open publishing channel: %w", err)
+		}
+		var reusable bool
+		returned, reusable, err = ch.publish(ctx, msgs)
+		pc.release(ch, reusable)
+		return err
+	})
 	if errors.Is(err, ErrUnroutable) {
 		p.redeclare(ctx, returned)
 	}
@@ -169,9 +179,7 @@ func (p *Publisher) Declare(ctx context.Context, name string, args amqp.Table) e
 	if err != nil {
 		return err
 	}
-	// Not context-aware: amqp091 waits for the broker's answer, which comes
-	// at once unless the connection is dead (then heartbeats end the wait).
-	if err := declareQueue(pc.conn, p.log, name, args); err != nil {
+	if err := pc.do(ctx, func() error { return declareQueue(pc.conn, p.log, name, args) }); err != nil {
 		return err
 	}
 	select {
@@ -207,16 +215,24 @@ func (p *Publisher) Depth(ctx context.Context, name string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	ch, err := pc.conn.Channel()
+	var n int // read only once f has returned
+	err = pc.do(ctx, func() error {
+		ch, err := pc.conn.Channel()
+		if err != nil {
+			return fmt.Errorf("open channel: %w", err)
+		}
+		defer ch.Close()
+		q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+		if err != nil {
+			return fmt.Errorf("inspect queue %s: %w", name, err)
+		}
+		n = q.Messages
+		return nil
+	})
 	if err != nil {
-		return 0, fmt.Errorf("open channel: %w", err)
+		return 0, err // f may still be running: n is not to be read
 	}
-	defer ch.Close()
-	q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
-	if err != nil {
-		return 0, fmt.Errorf("inspect queue %s: %w", name, err)
-	}
-	return q.Messages, nil
+	return n, nil
 }
 
 // Delete deletes the queues with their messages, for tools and tests that
@@ -350,7 +366,8 @@ func (p *Publisher) redeclare(ctx context.Context, returned []amqp.Return) {
 			continue
 		}
 		done[r.RoutingKey] = true
-		if err := declareQueue(p.cur.conn, p.log, r.RoutingKey, args); err != nil {
+		pc := p.cur
+		if err := pc.do(ctx, func() error { return declareQueue(pc.conn, p.log, r.RoutingKey, args) }); err != nil {
 			p.log.Warn("redeclare missing queue", "queue", r.RoutingKey, "err", err)
 			continue
 		}
@@ -363,30 +380,118 @@ type pubConn struct {
 	conn       *amqp.Connection
 	maxIdle    int
 	watcherEnd chan struct{}
+	work       sync.WaitGroup // calls to the broker that do runs; close waits for them
 
-	mu   sync.Mutex
-	idle []*pubChannel
+	mu      sync.Mutex
+	idle    []*pubChannel
+	closing bool          // close has closed conn: no new work goroutines
+	blocked chan struct{} // non-nil while the broker blocks the connection; closed when it lifts
+	reason  string        // the broker's reason for the block
 }
 
 func newPubConn(conn *amqp.Connection, maxIdle int, state *connState) *pubConn {
 	pc := &pubConn{conn: conn, maxIdle: maxIdle, watcherEnd: make(chan struct{})}
 	closes := conn.NotifyClose(make(chan *amqp.Error, 1))
+	blocks := conn.NotifyBlocked(make(chan amqp.Blocking, 1))
 	go func() {
 		defer close(pc.watcherEnd)
-		// Report a loss when it happens, not at the next Publish, so
-		// Connected (and /readyz) stays true to the facts.
-		if e, ok := <-closes; ok && e != nil {
-			state.setDown(fmt.Errorf("connection closed: %w", e))
-		} else {
-			state.setDown(nil)
+		defer pc.setBlocked(state.log, amqp.Blocking{}) // a closed connection blocks no one
+		for {
+			select {
+			case b, ok := <-blocks:
+				if !ok {
+					blocks = nil
+					continue
+				}
+				pc.setBlocked(state.log, b)
+			case e, ok := <-closes:
+				// Report a loss when it happens, not at the next Publish, so
+				// Connected (and /readyz) stays true to the facts.
+				if ok && e != nil {
+					state.setDown(fmt.Errorf("connection closed: %w", e))
+				} else {
+					state.setDown(nil)
+				}
+				return
+			}
 		}
 	}()
 	return pc
 }
 
-// close closes the connection and waits for its watcher.
+// setBlocked records connection.blocked or connection.unblocked.
+func (pc *pubConn) setBlocked(log *slog.Logger, b amqp.Blocking) {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	switch {
+	case b.Active && pc.blocked == nil:
+		pc.blocked, pc.reason = make(chan struct{}), b.Reason
+		log.Warn("rabbitmq blocks publishing (flow control)", "reason", b.Reason)
+	case !b.Active && pc.blocked != nil:
+		close(pc.blocked)
+		pc.blocked, pc.reason = nil, ""
+		log.Info("rabbitmq unblocked publishing")
+	}
+}
+
+// waitUnblocked waits while the broker blocks the connection. A blocked
+// connection is not read by the broker: what is written meanwhile would sit
+// in socket buffers, its confirms and close-oks due only once the alarm
+// clears, and the caller, given up, would write it all again.
+func (pc *pubConn) waitUnblocked(ctx context.Context) error {
+	pc.mu.Lock()
+	lifted, reason := pc.blocked, pc.reason
+	pc.mu.Unlock()
+	if lifted == nil {
+		return nil
+	}
+	select {
+	case <-lifted:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("rabbitmq blocks publishing (%s): %w", reason, ctx.Err())
+	}
+}
+
+// do runs f, which talks to the broker, and returns its error, or ctx's if
+// ctx ends first. amqp091's RPCs, writes and channel closes wait for the
+// broker without a ctx; a broker that stops answering (overloaded, blocking
+// the connection, partitioned without a reset) would hold the caller until
+// heartbeats or the alarm end, if ever. So f runs on a goroutine of its own
+// that goes on, when the caller has left, until the broker answers or close
+// closes the connection; close waits for it.
+func (pc *pubConn) do(ctx context.Context, f func() error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	pc.mu.Lock()
+	if pc.closing { // conn is closed: f fails at once
+		pc.mu.Unlock()
+		return f()
+	}
+	pc.work.Add(1)
+	pc.mu.Unlock()
+	done := make(chan error, 1)
+	go func() {
+		defer pc.work.Done()
+		done <- f()
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("rabbitmq did not answer in time: %w", ctx.Err())
+	}
+}
+
+// close closes the connection and waits for its watcher and for every f
+// that do left running, which the closed connection ends.
 func (pc *pubConn) close() {
 	_ = pc.conn.CloseDeadline(time.Now().Add(closeTimeout))
+	pc.mu.Lock()
+	pc.closing = true
+	pc.mu.Unlock()
+	pc.work.Wait()
 	<-pc.watcherEnd
 }
 

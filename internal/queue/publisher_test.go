@@ -332,3 +332,21 @@ func TestDelete(t *testing.T) {
 		}
 	}
 }
+
+// A queue full with overflow reject-publish makes the broker nack: that
+// message, and so the call, must not count as stored.
+func TestPublishReportsANack(t *testing.T) {
+	b := newBroker(t)
+	q := b.queueName()
+	b.declare(q, amqp.Table{"x-max-length": int32(1), "x-overflow": "reject-publish"})
+	pub := newPublisher(t, queue.PublisherConfig{})
+	err := pub.Publish(t.Context(), queue.Message{RoutingKey: q, MessageID: "fits"}, queue.Message{RoutingKey: q, MessageID: "refused"})
+	if !errors.Is(err, queue.ErrNacked) {
+		t.Fatalf("got %v, want ErrNacked", err)
+	}
+	t.Log(err)
+	if err := pub.Publish(t.Context(), queue.Message{RoutingKey: q}); !errors.Is(err, queue.ErrNacked) {
+		t.Fatalf("on a reused channel: %v, want ErrNacked", err)
+	}
+	b.waitReady(q, 1, time.Second)
+}
