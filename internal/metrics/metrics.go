@@ -35,6 +35,15 @@ type Metrics struct {
 	Up *prometheus.GaugeVec
 }
 
+// durationBuckets span 10 ms to 31 days, at most 3× apart. Both histograms
+// need the long end: a notification is delivered after up to 17 min of
+// retries, or gathered into a digest for up to minPeriod (rules allow 31
+// days); an event counted from a backlog after an outage is hours old.
+func durationBuckets() []float64 {
+	return []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600,
+		1800, 3600, 7200, 21600, 43200, 86400, 259200, 604800, 1209600, 2678400}
+}
+
 // New creates the metrics and registers them on reg.
 func New(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
@@ -53,12 +62,12 @@ func New(reg prometheus.Registerer) *Metrics {
 		DeliveryLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "klaxon_delivery_latency_seconds",
 			Help:    "From the firing to the provider accepting the message.",
-			Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 12),
+			Buckets: durationBuckets(),
 		}, []string{"channel"}),
 		EventLag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "klaxon_event_lag_seconds",
 			Help:    "Age of timestamped events when counted: how far behind the consumer is.",
-			Buckets: prometheus.ExponentialBuckets(0.01, 3, 12),
+			Buckets: durationBuckets(),
 		}),
 		QueueDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "klaxon_queue_messages", Help: "Messages ready in the queues Klaxon consumes.",
