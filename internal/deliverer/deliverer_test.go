@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -497,5 +498,25 @@ func TestHungEndpointDoesNotDelayOtherNotifications(t *testing.T) {
 	}
 	if v := sent("slack"); v != 1 {
 		t.Errorf("%v Slack notifications sent, want 1", v)
+	}
+}
+
+func TestDecodeJobRefusesBadJobs(t *testing.T) {
+	for body, want := range map[string]string{
+		`{`: "not JSON",
+		`{"channel":"slack","endpoint":"https://x/","projectId":"p"}`:                                      "lacks",
+		`{"channel":"pager-` + strings.Repeat("x", 100) + `","endpoint":"e","projectId":"p","ruleId":"r"}`: "is not one of [email telegram slack webhook]",
+		`{"channel":"slack","endpoint":"e","projectId":"p","ruleId":"r","notification":{}}`:                "no id",
+	} {
+		_, err := DecodeJob([]byte(body))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("DecodeJob(%.60s…) = %v, want an error saying %q", body, err, want)
+		}
+		if err != nil && strings.Contains(err.Error(), strings.Repeat("x", 50)) {
+			t.Errorf("the error repeats an unbounded channel name: %v", err)
+		}
+	}
+	if _, err := DecodeJob([]byte(`{"channel":"webhook","endpoint":"e","projectId":"p","ruleId":"r"}`)); err != nil {
+		t.Errorf("a good flush job: %v", err)
 	}
 }

@@ -6,9 +6,11 @@ package deliverer
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/rules"
 )
 
 // Job is one notification for one channel of a rule, or the flush of the
@@ -45,6 +47,10 @@ func DecodeJob(body []byte) (Job, error) {
 	}
 	if j.Channel == "" || j.Endpoint == "" || j.ProjectID == "" || j.RuleID == "" {
 		return j, fmt.Errorf("delivery job lacks channel, endpoint, projectId or ruleId")
+	}
+	if !slices.Contains(rules.ChannelNames[:], j.Channel) {
+		// Names a metric label: only the known few may get that far.
+		return j, fmt.Errorf("delivery job's channel %.40q is not one of %v", j.Channel, rules.ChannelNames)
 	}
 	if j.Notification != nil && j.Notification.ID == "" {
 		return j, fmt.Errorf("delivery job's notification has no id")
