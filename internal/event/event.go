@@ -3,6 +3,8 @@
 package event
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -61,10 +63,19 @@ func (e *Event) ShortTitle() string {
 	return truncate(e.Title, MaxTitle)
 }
 
+// maxUserID is the longest user id kept as it is. Rules that count users
+// keep one sorted-set member per user, up to their threshold: a longer id
+// is replaced by its hash, so a member costs tens of bytes, not kilobytes.
+const maxUserID = 128
+
 // UserID is the affected user's id, or "".
 func (e *Event) UserID() string {
 	if e.User == nil {
 		return ""
+	}
+	if id := e.User.ID; len(id) > maxUserID {
+		sum := sha256.Sum256([]byte(id))
+		return "sha256:" + hex.EncodeToString(sum[:16])
 	}
 	return e.User.ID
 }

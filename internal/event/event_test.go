@@ -123,3 +123,25 @@ func TestLongTitleKeptForMatching(t *testing.T) {
 		t.Errorf("ShortTitle of %d bytes ends %q", len(short), short[len(short)-10:])
 	}
 }
+
+// A user id is stored per user by rules that count users: a huge one is kept
+// as a short hash, distinct ids stay distinct, and ordinary ids stay as sent.
+func TestLongUserIDIsHashed(t *testing.T) {
+	user := func(id string) string {
+		e := Event{User: &User{ID: id}}
+		return e.UserID()
+	}
+	if got := user("u-42"); got != "u-42" {
+		t.Errorf("short id became %q", got)
+	}
+	a, b := user(strings.Repeat("a", 200_000)), user(strings.Repeat("a", 199_999)+"b")
+	if len(a) > maxUserID || len(b) > maxUserID || a == b || !strings.HasPrefix(a, "sha256:") {
+		t.Errorf("long ids became %q and %q: want short, distinct hashes", a, b)
+	}
+	if a != user(strings.Repeat("a", 200_000)) {
+		t.Error("the same long id hashed two ways")
+	}
+	if got := (&Event{}).UserID(); got != "" {
+		t.Errorf("no user gave %q", got)
+	}
+}
