@@ -155,7 +155,7 @@ func payload(m *notify.Message) *slackapi.WebhookMessage {
 	} else {
 		it := v.Items[0]
 		blocks = []slackapi.Block{
-			section("*" + escape(notify.Truncate(it.Title, maxTitle)) + "*\n" + escape(it.Summary)),
+			section(code(notify.Truncate(it.Title, maxTitle)) + "\n" + escape(it.Summary)),
 			contextBlock(escape(strings.Join(it.Details, "\n"))),
 		}
 	}
@@ -176,8 +176,8 @@ func digestBlocks(v notify.View) []slackapi.Block {
 	var cur strings.Builder
 	shown := 0
 	for _, it := range v.Items {
-		line := fmt.Sprintf("• *%s* — %s, fired at %s",
-			escape(notify.Truncate(it.Title, maxDigestTitle)), escape(it.Summary), it.FiredAt)
+		line := fmt.Sprintf("• %s — %s, fired at %s",
+			code(notify.Truncate(it.Title, maxDigestTitle)), escape(it.Summary), it.FiredAt)
 		if cur.Len() > 0 && cur.Len()+1+len(line) > maxBlockText {
 			if len(blocks) == room {
 				break
@@ -212,6 +212,15 @@ func contextBlock(text string) slackapi.Block {
 // names taken from event titles.
 func mrkdwn(text string) *slackapi.TextBlockObject {
 	return slackapi.NewTextBlockObject(slackapi.MarkdownType, notify.Truncate(text, maxBlockText), false, true)
+}
+
+// code shows an event title as typed, in an inline code span: mrkdwn has no
+// escape for * _ ~ and `, so "__init__" or "*args" in bold text would turn
+// into formatting. A code span cannot hold a backtick or a line break: those
+// become a look-alike (ˋ) and a space.
+func code(title string) string {
+	title = strings.NewReplacer("`", "ˋ", "\r\n", " ", "\n", " ", "\r", " ").Replace(title)
+	return "`" + escape(title) + "`"
 }
 
 // escape replaces the three characters Slack treats as control characters

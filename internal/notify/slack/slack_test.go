@@ -76,7 +76,7 @@ func TestSingleMessage(t *testing.T) {
 		t.Fatal("no blocks")
 	}
 	first := r.Blocks[0]["text"].(map[string]any)
-	if r.Blocks[0]["type"] != "section" || first["type"] != "mrkdwn" || !strings.HasPrefix(first["text"].(string), "*TypeError: x is undefined*\n150 events in the last 1 minute (threshold 100)") {
+	if r.Blocks[0]["type"] != "section" || first["type"] != "mrkdwn" || !strings.HasPrefix(first["text"].(string), "`TypeError: x is undefined`\n150 events in the last 1 minute (threshold 100)") {
 		t.Errorf("first block = %v", r.Blocks[0])
 	}
 	all := strings.Join(blockTexts(r), "\n")
@@ -122,7 +122,7 @@ func TestDigest(t *testing.T) {
 	}
 	all := strings.Join(texts, "\n")
 	for i := range 3 {
-		if !strings.Contains(all, fmt.Sprintf("• *Error number %d: ", i)) {
+		if !strings.Contains(all, fmt.Sprintf("• `Error number %d: ", i)) {
 			t.Errorf("digest lacks firing %d:\n%s", i, all)
 		}
 	}
@@ -139,7 +139,7 @@ func TestHugeDigestFitsSlackLimits(t *testing.T) {
 	}
 	r := onlyRequest(t, srv)
 	all := strings.Join(blockTexts(r), "\n")
-	shown := strings.Count(all, "• *Error number")
+	shown := strings.Count(all, "• `Error number")
 	var more int
 	if _, err := fmt.Sscanf(all[strings.Index(all, "… and "):], "… and %d more", &more); err != nil {
 		t.Fatalf("no \"… and N more\" line: %v", err)
@@ -249,5 +249,28 @@ func TestRedirectIsNotADelivery(t *testing.T) {
 	var herr *notify.HTTPError
 	if err == nil || retry || !errors.As(err, &herr) || herr.StatusCode != http.StatusFound || gets.Load() != 0 {
 		t.Errorf("Notify = %t, %v after %d GETs; want a permanent 302 and no GET", retry, err, gets.Load())
+	}
+}
+
+// Titles are shown as typed: Python's __init__ or *args must not turn into
+// italics or bold, in a single message or in a digest.
+func TestTitleShownAsTyped(t *testing.T) {
+	const title = "TypeError: __init__() got *args in `f`\nat line 2"
+	const want = "`TypeError: __init__() got *args in ˋfˋ at line 2`"
+	srv := notifytest.NewSlackServer(t)
+	if _, err := slack.New(nil).Notify(context.Background(), srv.URL, single(threshold("n-1", title))); err != nil {
+		t.Fatal(err)
+	}
+	if first := blockTexts(onlyRequest(t, srv))[0]; !strings.HasPrefix(first, want+"\n") {
+		t.Errorf("first block %q, want it to start with the title in a code span %q", first, want)
+	}
+	m := digest(2)
+	m.Notifications[0].Event.Title = title
+	srv = notifytest.NewSlackServer(t)
+	if _, err := slack.New(nil).Notify(context.Background(), srv.URL, m); err != nil {
+		t.Fatal(err)
+	}
+	if all := strings.Join(blockTexts(onlyRequest(t, srv)), "\n"); !strings.Contains(all, "• "+want+" — ") {
+		t.Errorf("digest blocks %q lack the title in a code span %q", all, want)
 	}
 }
