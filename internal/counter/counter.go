@@ -27,6 +27,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -293,7 +294,7 @@ func (e *Engine) args(c *call, events []Event) []any {
 			ev := &events[i]
 			ts := int64(-1)
 			if !ev.Time.IsZero() {
-				ts = max(ev.Time.UnixMilli(), 0)
+				ts = eventMilli(ev.Time)
 			}
 			args = append(args, ev.ID, ts, ev.UserID, len(ev.Rules))
 			for _, r := range ev.Rules {
@@ -302,6 +303,20 @@ func (e *Engine) args(c *call, events []Event) []any {
 		}
 	}
 	return args
+}
+
+// eventMilli is an event's time in ms for the script: 0 for any time before
+// 1970, and -1 (Redis' now, where the script clamps every future time) for
+// one too far ahead for int64 ms, where UnixMilli wraps around, often to a
+// time before 1970 (a timestamp in nanoseconds sent as seconds does that).
+func eventMilli(t time.Time) int64 {
+	switch s := t.Unix(); {
+	case s < 0:
+		return 0
+	case s >= math.MaxInt64/1000:
+		return -1
+	}
+	return t.UnixMilli()
 }
 
 // run sends every call in one pipeline, loading the script once if Redis

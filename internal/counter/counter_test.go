@@ -708,3 +708,129 @@ func TestReloadedRuleSharesState(t *testing.T) {
 		t.Error("outcome does not point at the event's own rule")
 	}
 }
+
+// Timestamps out of range: one before 1970 counts at 1970, where no later
+// window reaches it; one too far ahead for int64 ms (nanoseconds sent as
+// seconds) is clamped to Redis' now like any future one.
+func TestTimestampsOutOfRange(t *testing.T) {
+	rdb := testRedis(t)
+	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 2, Period: 60_000}))
+	ev := func(group string, at time.Time) Event {
+		return Event{ProjectID: project, GroupHash: group, Time: at, Rules: []*rules.Rule{rule}}
+	}
+	res := observe(t, e, ev("old", time.Unix(0, 0)), ev("old", time.Unix(-5, 0)), ev("old", time.Time{}))
+	if o := res[2].Outcomes[0]; o.Counts[0] != 1 || o.Fired {
+		t.Errorf("an event now after two of 1970: count %d fired %v, want 1 and not fired", o.Counts[0], o.Fired)
+	}
+
+	before := time.Now().Add(-time.Second)
+	future := time.Unix(1_764_000_000_000_000_000, 0)
+	res = observe(t, e, ev("future", future), ev("future", future))
+	if got := res[0].Time; got.Before(before) || got.After(time.Now().Add(time.Second)) {
+		t.Errorf("a time of year %d counted at %v, want Redis' now", future.Year(), got)
+	}
+	if o := res[1].Outcomes[0]; o.Counts[0] != 2 || !o.Fired {
+		t.Errorf("two events from the far future: count %d fired %v, want 2 and fired", o.Counts[0], o.Fired)
+	}
+}
+
+// The differential test at the edges: periods of 1 s and 31 days and not a
+// multiple of their bucket, up to 4 windows, cooldowns of 1 ms and 31 days,
+// events months late or of 1970, repeats within a batch, events without an
+// id, and calls of 1 to 40 groups.
+func TestModelAgreesWithLuaAtTheEdges(t *testing.T) {
+	rdb := testRedis(t)
+	ctx := context.Background()
+	const day = 86_400_000
+	periods := []int64{1000, 1001, 1099, 6001, 59_999, day, 7*day + 13, 31 * day}
+	streams := 150
+	if testing.Short() {
+		streams = 30
+	}
+	for s := range streams {
+		rng := rand.New(rand.NewPCG(11, uint64(s)))
+		e := New(rdb, Options{Prefix: testPrefix(t, rdb), GroupsPerCall: 1 + rng.IntN(40)})
+		model := NewModel()
+		var rs []*rules.Rule
+		for range 1 + rng.IntN(4) {
+			if rng.IntN(8) == 0 {
+				rs = append(rs, mustRule(t, rules.Spec{WhatToReceive: rules.OnlyNew}))
+				continue
+			}
+			var ws []rules.WindowSpec
+			for range 1 + rng.IntN(4) {
+				ws = append(ws, rules.WindowSpec{Threshold: 1 + rng.Int64N(30), Period: periods[rng.IntN(len(periods))]})
+			}
+			spec := seenMore(ws...)
+			if rng.IntN(3) == 0 {
+				spec.CountBy = rules.CountUsers
+			}
+			spec.Cooldown = []int64{0, 1, 31 * day, rng.Int64N(100_000)}[rng.IntN(4)]
+			rs = append(rs, mustRule(t, spec))
+		}
+		groups := []string{"g1", "g2", "g3", "g4", "g5", "g6", "g7", "g8"}[:1+rng.IntN(8)]
+		users := []string{"", "u1", "u2", "u3", "u4", "u5"}[:1+rng.IntN(6)]
+		clock := time.Now().Add(-100 * 24 * time.Hour).UnixMilli()
+		var sent []Event
+		for n := 50 + rng.IntN(400); len(sent) < n; {
+			batch := make([]Event, 1+rng.IntN(60))
+			for i := range batch {
+				switch {
+				case len(sent) > 0 && rng.IntN(15) == 0:
+					batch[i] = sent[rng.IntN(len(sent))]
+					continue
+				case i > 0 && rng.IntN(20) == 0:
+					batch[i] = batch[rng.IntN(i)]
+					continue
+				}
+				switch rng.IntN(20) {
+				case 0:
+					clock += rng.Int64N(10 * day)
+				case 1:
+					clock += rng.Int64N(600_000)
+				case 2:
+					clock += 100 - clock%100 // onto a bucket boundary
+				default:
+					clock += rng.Int64N(400)
+				}
+				at := clock
+				switch rng.IntN(25) {
+				case 0, 1:
+					at -= rng.Int64N(120_000)
+				case 2:
+					at -= rng.Int64N(40 * day)
+				case 3:
+					at = 0
+				}
+				var matched []*rules.Rule
+				for _, r := range rs {
+					if rng.IntN(4) != 0 {
+						matched = append(matched, r)
+					}
+				}
+				id := fmt.Sprintf("m%d", len(sent)+i)
+				if rng.IntN(10) == 0 {
+					id = ""
+				}
+				batch[i] = Event{ID: id, ProjectID: project, GroupHash: groups[rng.IntN(len(groups))],
+					UserID: users[rng.IntN(len(users))], Time: time.UnixMilli(at), Rules: matched}
+			}
+			got, err := e.Observe(ctx, batch)
+			if err != nil {
+				t.Fatalf("stream %d: %v", s, err)
+			}
+			for i, ev := range batch {
+				if len(ev.Rules) == 0 {
+					continue
+				}
+				want := model.Observe(ev, got[i].Time)
+				if err := sameResult(got[i], want); err != nil {
+					t.Fatalf("stream %d event %d %q (group %s, t=%d, user %q): %v",
+						s, i, ev.ID, ev.GroupHash, ev.Time.UnixMilli(), ev.UserID, err)
+				}
+			}
+			sent = append(sent, batch...)
+		}
+	}
+}

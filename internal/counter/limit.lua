@@ -1,7 +1,8 @@
 -- limit.lua: may one more message go to a destination now, under several
 -- sliding-window limits ("1 per second and 20 per minute")?
 --
--- KEYS[1] the destination's state: L (i8, newest time seen, ms), then per
+-- KEYS[1] the destination's state, one key per list of periods (its layout
+--         follows them): L (i8, newest time seen, ms), then per
 --         limit a sum (u4) and a ring of bucket counts (u4), exactly as
 --         observe.lua keeps a rule's windows.
 -- ARGV    nlimits, then per limit: max period(ms) bucket(ms) nbuckets

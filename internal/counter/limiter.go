@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -47,21 +48,29 @@ func NewLimiter(rdb redis.UniversalClient, prefix string) *Limiter {
 	return &Limiter{rdb: rdb, script: redis.NewScript(limitLua), prefix: prefix}
 }
 
-// Allow counts one event for key if every limit allows it. A key must always
-// be used with the same limits.
+// Allow counts one event for key if every limit allows it. Limits of other
+// periods for the same key (a changed configuration) count afresh.
 func (l *Limiter) Allow(ctx context.Context, key string, limits ...Limit) (Decision, error) {
 	if len(limits) == 0 {
 		return Decision{Allowed: true}, nil
 	}
 	args := make([]any, 0, 1+4*len(limits))
 	args = append(args, len(limits))
-	for _, lim := range limits {
+	// The state's layout follows the periods, in order: state kept under
+	// other periods would be misread (a denial with no wait, for good) or
+	// be too short to read, so each list of periods has its own key.
+	state := l.prefix + ":rl:" + key + ":"
+	for i, lim := range limits {
 		if lim.Events < 1 || lim.Per < time.Millisecond {
 			return Decision{}, fmt.Errorf("limit %d per %s: want at least 1 per 1ms", lim.Events, lim.Per)
 		}
 		args = append(args, lim.Events, lim.Per.Milliseconds(), Resolution(lim.Per).Milliseconds(), buckets(lim.Per))
+		if i > 0 {
+			state += ","
+		}
+		state += strconv.FormatInt(lim.Per.Milliseconds(), 10)
 	}
-	r, err := l.script.Run(ctx, l.rdb, []string{l.prefix + ":rl:" + key}, args...).Int64Slice()
+	r, err := l.script.Run(ctx, l.rdb, []string{state}, args...).Int64Slice()
 	if err != nil {
 		return Decision{}, fmt.Errorf("rate limit %s: %w", key, err)
 	}

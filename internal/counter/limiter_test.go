@@ -59,3 +59,34 @@ func TestLimiterRetryAfterIsEnough(t *testing.T) {
 		t.Errorf("not allowed after waiting the RetryAfter it gave: %+v", d)
 	}
 }
+
+// Limits of other periods for a key (a changed configuration) count afresh:
+// the state kept under the old ones is neither misread (a denial with no
+// wait, that a caller retrying every second keeps for good) nor too short
+// to read (an error).
+func TestLimiterLimitsChanged(t *testing.T) {
+	rdb := testRedis(t)
+	l := NewLimiter(rdb, testPrefix(t, rdb))
+	ctx := context.Background()
+	for range 5 {
+		if d, err := l.Allow(ctx, "k", Limit{Events: 5, Per: 10 * time.Second}); err != nil || !d.Allowed {
+			t.Fatalf("under 5 per 10 s: %+v %v", d, err)
+		}
+	}
+	for _, limits := range [][]Limit{
+		{Limit{Events: 5, Per: time.Second}},                // a shorter state
+		{Limit{Events: 5, Per: time.Second}, PerMinute(20)}, // a longer one
+		{PerMinute(20), Limit{Events: 5, Per: time.Second}}, // the same length, reordered
+	} {
+		d, err := l.Allow(ctx, "k", limits...)
+		if err != nil || !d.Allowed {
+			t.Errorf("first message under %v: %+v %v, want allowed", limits, d, err)
+		}
+		for range 6 {
+			d, err := l.Allow(ctx, "k", limits...)
+			if err != nil || !d.Allowed && d.RetryAfter <= 0 {
+				t.Errorf("under %v: %+v %v, want allowed or a wait", limits, d, err)
+			}
+		}
+	}
+}

@@ -126,7 +126,8 @@ local function observe(s, te, user, out, n)
     local windows = rule.windows
     for i = 1, #windows do
       local w = windows[i]
-      if L > 0 then slide(v, w, L, newL) end
+      -- Slide even from L = 0: a state may hold events of 1970 (te = 0).
+      slide(v, w, L, newL)
       local idx = floor(te / w.b)
       if idx >= floor((newL - w.p) / w.b) then
         local k = w.at + 1 + idx % w.n
