@@ -305,7 +305,7 @@ func (d *Deliverer) gather(ctx context.Context, job *Job) (bool, error) {
 		return false, fmt.Errorf("encode job: %w", err)
 	}
 	keys := d.digestKeys(job)
-	r, err := d.throttle.Run(ctx, d.rdb, keys[:2], job.MinPeriod, job.Notification.ID, body).Int64Slice()
+	r, err := d.throttle.Run(ctx, d.rdb, []string{keys[0], keys[1], keys[3]}, job.MinPeriod, job.Notification.ID, body).Int64Slice()
 	if err != nil {
 		return false, fmt.Errorf("minPeriod of rule %s on %s: %w", job.RuleID, job.Channel, err)
 	}
@@ -313,39 +313,70 @@ func (d *Deliverer) gather(ctx context.Context, job *Job) (bool, error) {
 	case 0:
 		return false, nil
 	case 2:
-		flush := Job{Channel: job.Channel, Endpoint: job.Endpoint, MinPeriod: job.MinPeriod, ProjectID: job.ProjectID, RuleID: job.RuleID}
-		if err := d.schedule(ctx, &flush, time.Duration(r[1])*time.Millisecond, false); err != nil {
+		if err := d.schedule(ctx, flushJob(job), time.Duration(r[1])*time.Millisecond, false); err != nil {
 			return false, err
 		}
 	}
 	return true, nil
 }
 
+// flushJob is the job flushing the digest of job's rule and channel.
+func flushJob(job *Job) *Job {
+	return &Job{Channel: job.Channel, Endpoint: job.Endpoint, MinPeriod: job.MinPeriod, ProjectID: job.ProjectID, RuleID: job.RuleID}
+}
+
 // digestKeys are the keys of a (rule, channel)'s minPeriod: its state, the
-// notifications pending, and the digest being sent. They share a hash tag.
+// notifications pending, the digest being sent, and the ids gathered. They
+// share a hash tag.
 func (d *Deliverer) digestKeys(job *Job) []string {
 	base := d.cfg.Prefix + ":{mp:" + job.ProjectID + ":" + job.RuleID + ":" + job.Channel + "}"
-	return []string{base, base + ":pending", base + ":inflight"}
+	return []string{base, base + ":pending", base + ":inflight", base + ":gathered"}
 }
 
 // deliverDigest sends what a (rule, channel) gathered during its minPeriod.
 func (d *Deliverer) deliverDigest(ctx context.Context, job *Job, token string) error {
+	for {
+		again, err := d.deliverDigestOnce(ctx, job, token)
+		if err != nil || !again {
+			return err
+		}
+		// This job settled a digest that was in flight before it came, and
+		// may be the flush that what was gathered since counts on (its
+		// sender, finding it gone, has nothing left to do): flush again.
+		job = flushJob(job)
+	}
+}
+
+// deliverDigestOnce sends the digest in flight, or takes what is pending as
+// one. again reports that it settled a digest it did not take itself.
+func (d *Deliverer) deliverDigestOnce(ctx context.Context, job *Job, token string) (again bool, err error) {
 	keys := d.digestKeys(job)
-	r, err := d.flush.Run(ctx, d.rdb, keys, job.MinPeriod).Slice()
+	r, err := d.flush.Run(ctx, d.rdb, keys[:3], job.MinPeriod).Slice()
 	if err != nil {
-		return fmt.Errorf("flush digest of rule %s on %s: %w", job.RuleID, job.Channel, err)
+		return false, fmt.Errorf("flush digest of rule %s on %s: %w", job.RuleID, job.Channel, err)
 	}
-	switch r[0].(int64) {
-	case 1:
-		return d.schedule(ctx, job, time.Duration(r[1].(int64))*time.Millisecond, false)
-	case 2:
-		return nil
-	}
-	var ns []notify.Notification
+	reply := r[0].(int64)
 	generation := ""
-	for i := 2; i < len(r); i += 2 {
+	for i := 2; (reply == 0 || reply == 3) && i < len(r); i += 2 {
 		if r[i-1] == "#" {
 			generation = fmt.Sprint(r[i])
+		}
+	}
+	if job.Generation != generation {
+		// The digest this job retried was settled by another flush job.
+		job = flushJob(job)
+	}
+	switch reply {
+	case 1:
+		return false, d.schedule(ctx, job, time.Duration(r[1].(int64))*time.Millisecond, false)
+	case 2:
+		return false, nil
+	}
+	job.Generation = generation // for its retries
+	taken := reply == 0
+	var ns []notify.Notification
+	for i := 2; i < len(r); i += 2 {
+		if r[i-1] == "#" {
 			continue
 		}
 		var pending Job
@@ -359,29 +390,43 @@ func (d *Deliverer) deliverDigest(ctx context.Context, job *Job, token string) e
 		return cmpTimeThenID(a, b)
 	})
 	msg := digestMessage(job, ns)
-	key := d.claimKey(msg.ID + ":" + job.Channel)
+	key := d.digestKey(msg, job.Channel)
+	dropped := false
 	drop := func(ctx context.Context) error {
-		if err := d.drop.Run(ctx, d.rdb, keys[2:], generation).Err(); err != nil {
+		if err := d.drop.Run(ctx, d.rdb, keys[2:3], generation).Err(); err != nil {
 			return fmt.Errorf("drop digest %s in flight: %w", msg.ID, err)
 		}
+		dropped = true
 		return nil
 	}
 	if ok, err := d.settled(ctx, key, drop); ok {
-		return err
+		return dropped && !taken, err
 	}
 	state, wait, err := d.claim(ctx, key, token)
 	if err != nil {
-		return err
+		return false, err
 	}
 	switch state {
 	case done:
-		return drop(ctx)
+		err := drop(ctx)
+		return dropped && !taken, err
 	case busy:
-		return d.schedule(ctx, job, wait, true)
+		return false, d.schedule(ctx, job, wait, true)
 	}
-	return d.send(ctx, job, key, msg, func(ctx context.Context) error {
+	err = d.send(ctx, job, key, msg, func(ctx context.Context) error {
 		return d.rdb.Del(ctx, key).Err() // keep the digest in flight for the retry
 	}, drop)
+	return dropped && !taken, err
+}
+
+// digestKey is the Redis key recording a digest's delivery on a channel. A
+// digest of one carries its firing's id, whose own key already says
+// "digested": its send is recorded apart.
+func (d *Deliverer) digestKey(m *notify.Message, channel string) string {
+	if !m.Digest {
+		return d.claimKey(m.ID + ":" + channel + ":digest")
+	}
+	return d.claimKey(m.ID + ":" + channel)
 }
 
 func cmpTimeThenID(a, b notify.Notification) int {

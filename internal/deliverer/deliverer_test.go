@@ -346,7 +346,7 @@ func TestSettledDigestLeavesTheNextInFlight(t *testing.T) {
 	}
 	pend("n1")
 	// Another worker has sent n1's digest already.
-	if err := d.record(ctx, d.claimKey("n1:slack"), "sent"); err != nil {
+	if err := d.record(ctx, d.claimKey("n1:slack:digest"), "sent"); err != nil {
 		t.Fatal(err)
 	}
 	// Between this worker's flush (which reads n1's digest) and its claim,
@@ -367,7 +367,7 @@ func TestSettledDigestLeavesTheNextInFlight(t *testing.T) {
 	}
 
 	// Once n2's digest is settled too, its own worker drops it.
-	if err := d.record(ctx, d.claimKey("n2:slack"), "sent"); err != nil {
+	if err := d.record(ctx, d.claimKey("n2:slack:digest"), "sent"); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.deliverDigest(ctx, flush, "token"); err != nil {

@@ -27,6 +27,10 @@ type Job struct {
 	Notification *notify.Notification `json:"notification,omitempty"`
 	// Attempt counts the sends tried so far.
 	Attempt int `json:"attempt,omitempty"`
+	// Generation is, for a flush, the digest its attempts were spent on: a
+	// retry finding that digest settled by another flush job counts its
+	// attempts afresh on what it flushes next.
+	Generation string `json:"generation,omitempty"`
 	// Throttled is set once the job passed the minPeriod gate, so that a
 	// retry does not queue it for a digest.
 	Throttled bool `json:"throttled,omitempty"`

@@ -2,14 +2,20 @@
 -- wait for the digest at the end of the channel's minPeriod?
 -- KEYS[1] hash {last = ms of the last send, sched = ms a flush is due}
 -- KEYS[2] hash of pending notifications: id -> job
+-- KEYS[3] sorted set of the ids gathered, by ms
 -- ARGV    minPeriod(ms) id job
 -- Reply   {0}         send now (the minPeriod starts now)
---         {1}         gathered; a flush is already scheduled
+--         {1}         gathered (now or before); no flush to schedule
 --         {2, delay}  gathered; schedule a flush in delay ms
 local now = redis.call('TIME')
 now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local period = tonumber(ARGV[1])
 local keep = period + 86400000
+-- A job gathered before comes back when its worker died before recording
+-- it: once flushed, its notification is in a digest already.
+if redis.call('ZSCORE', KEYS[3], ARGV[2]) and redis.call('HEXISTS', KEYS[2], ARGV[2]) == 0 then
+  return {1}
+end
 local last = tonumber(redis.call('HGET', KEYS[1], 'last'))
 if (not last or now >= last + period) and redis.call('EXISTS', KEYS[2]) == 0 then
   redis.call('HSET', KEYS[1], 'last', now)
@@ -18,6 +24,9 @@ if (not last or now >= last + period) and redis.call('EXISTS', KEYS[2]) == 0 the
 end
 local added = redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], keep)
+redis.call('ZADD', KEYS[3], now, ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - keep)
+redis.call('PEXPIRE', KEYS[3], keep)
 local sched = tonumber(redis.call('HGET', KEYS[1], 'sched'))
 -- A redelivered job schedules again: its first schedule may never have
 -- reached the broker. Extra flushes find nothing and do nothing.

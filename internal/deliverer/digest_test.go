@@ -1,0 +1,266 @@
+package deliverer
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/klaxonhq/klaxon/internal/counter"
+	"github.com/klaxonhq/klaxon/internal/metrics"
+	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/queue"
+	"github.com/klaxonhq/klaxon/internal/testenv"
+)
+
+// throttledJob is a firing for a Slack channel with a minPeriod.
+func throttledJob(t *testing.T, id string, minPeriod time.Duration) Job {
+	t.Helper()
+	return Job{
+		Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: minPeriod.Milliseconds(), ProjectID: "p", RuleID: "r",
+		Notification: &notify.Notification{ID: id, Type: notify.TypeNew, FiredAt: time.Now()},
+	}
+}
+
+func publishJobs(t *testing.T, pub *queue.Publisher, q string, jobs ...Job) {
+	t.Helper()
+	var msgs []queue.Message
+	for _, j := range jobs {
+		body, err := json.Marshal(j)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs = append(msgs, queue.Message{RoutingKey: q, Body: body, MessageID: j.Key(), ContentType: "application/json"})
+	}
+	if err := pub.Publish(context.Background(), msgs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// sentIDs waits until rec got n messages, then for quiet to see no more, and
+// returns the ids it got.
+func sentIDs(t *testing.T, rec *recorder, n int, quiet time.Duration) []string {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for len(rec.times()) < n {
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
+	}
+	time.Sleep(quiet) // nothing more may come: waiting out the next flush
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	return append([]string(nil), rec.ids...)
+}
+
+// A single firing gathered during the minPeriod is sent when it ends, as a
+// digest of one carrying its own id. That id's record already says
+// "digested": the digest's send must not take it for done.
+func TestDigestOfOneIsSent(t *testing.T) {
+	rec := &recorder{}
+	pub, d := startDeliverer(t, Config{Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": rec})
+	publishJobs(t, pub, d.Queue(), throttledJob(t, "n1", time.Second), throttledJob(t, "n2", time.Second))
+	// Handled at once, either may be the one sent first.
+	if ids := sentIDs(t, rec, 2, 2*time.Second); !slices.Equal(slices.Sorted(slices.Values(ids)), []string{"n1", "n2"}) {
+		t.Errorf("sent %v, want one at once, then the other alone after the minPeriod", ids)
+	}
+}
+
+// A job that gathered its firing and died before recording "digested" comes
+// back once its claim expired, after the digest carrying it went out. It
+// must not gather the firing again, nor send it alone.
+func TestRedeliveredGatheredJobNotSentAgain(t *testing.T) {
+	rec := &recorder{}
+	pub, d := startDeliverer(t, Config{Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": rec})
+	n1, n2, n3 := throttledJob(t, "n1", time.Second), throttledJob(t, "n2", time.Second), throttledJob(t, "n3", time.Second)
+	publishJobs(t, pub, d.Queue(), n1, n2, n3)
+	if ids := sentIDs(t, rec, 2, 0); len(ids) != 2 {
+		t.Fatalf("sent %v, want one firing, then a digest of the other two", ids)
+	}
+	// The worker that gathered one of the digest's firings died before its
+	// record: none is there.
+	ctx := context.Background()
+	var gathered *Job
+	for _, j := range []*Job{&n1, &n2, &n3} {
+		if d.rdb.Get(ctx, d.claimKey(j.Key())).Val() == "digested" {
+			gathered = j
+		}
+	}
+	if gathered == nil {
+		t.Fatal("no firing recorded as digested")
+	}
+	if err := d.rdb.Del(ctx, d.claimKey(gathered.Key())).Err(); err != nil {
+		t.Fatal(err)
+	}
+	publishJobs(t, pub, d.Queue(), *gathered) // its redelivery
+	if ids := sentIDs(t, rec, 2, 2500*time.Millisecond); len(ids) != 2 {
+		t.Errorf("sent %v, want %s in one digest only", ids, gathered.Notification.ID)
+	}
+}
+
+// beforeScript runs then once, just before the script sha runs.
+type beforeScript struct {
+	sha  string
+	then func()
+	done atomic.Bool
+}
+
+func (h *beforeScript) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *beforeScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if args := cmd.Args(); len(args) > 1 && args[1] == h.sha && h.done.CompareAndSwap(false, true) {
+			h.then()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *beforeScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// newTestDeliverer is a deliverer on rdb that consumes nothing, its retry
+// queues declared.
+func newTestDeliverer(t *testing.T, prefix string, rdb redis.UniversalClient, pub *queue.Publisher, ch notify.Channel) *Deliverer {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	return New(Config{Prefix: prefix, Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": ch},
+		rdb, pub, log, metrics.New(prometheus.NewRegistry()))
+}
+
+// Two flush jobs read the same digest in flight: one sends it, the other
+// finds it sent before the first drops it. Both are done with it then, but
+// one of them was the flush that what was gathered meanwhile counts on: it
+// must not be left pending with no flush to come.
+func TestFlushTakenByADigestInFlightStillFlushes(t *testing.T) {
+	ctx := context.Background()
+	rec := &recorder{}
+	pub, base := startDeliverer(t, Config{Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": rec})
+	a := newTestDeliverer(t, base.cfg.Prefix, testenv.Redis(t), pub, rec)
+	b := newTestDeliverer(t, base.cfg.Prefix, testenv.Redis(t), pub, rec)
+	world := testenv.Redis(t)
+	flush := &Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 60_000, ProjectID: "p", RuleID: "r"}
+	keys := a.digestKeys(flush)
+	pend := func(id string) {
+		t.Helper()
+		body, err := json.Marshal(throttledJob(t, id, time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := world.HSet(ctx, keys[1], id, body).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// n1's digest is in flight, its minPeriod over; n2 was gathered since,
+	// its flush scheduled: that is the job b runs.
+	pend("n1")
+	if err := a.flush.Run(ctx, world, keys, flush.MinPeriod).Err(); err != nil {
+		t.Fatal(err)
+	}
+	pend("n2")
+	world.HSet(ctx, keys[0], "last", 0, "sched", 1)
+
+	// a sends n1's digest; b reads it and claims it between a's record and
+	// a's drop.
+	a.rdb.AddHook(&beforeScript{sha: a.drop.Hash(), then: func() {
+		if err := b.deliverDigest(ctx, flush, "b"); err != nil {
+			t.Error(err)
+		}
+	}})
+	if err := a.deliverDigest(ctx, flush, "a"); err != nil {
+		t.Fatal(err)
+	}
+	// A flush scheduled now would come from the shortest retry queue, to the
+	// deliverer running on these queues.
+	if ids := sentIDs(t, rec, 2, 500*time.Millisecond); !slices.Equal(ids, []string{"n1", "n2"}) {
+		t.Errorf("sent %v, want n1's digest, then n2's: n2 is pending with no flush to come (state %v)",
+			ids, world.HGetAll(ctx, keys[0]).Val())
+	}
+}
+
+// declaredDeliverer is a deliverer whose queues are declared, and that
+// consumes none of them.
+func declaredDeliverer(t *testing.T, cfg Config, channels map[string]notify.Channel) (*queue.Publisher, *Deliverer) {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	pub, err := queue.NewPublisher(queue.PublisherConfig{URL: testenv.AMQPURL(t), Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	cfg.Prefix = testenv.KeyPrefix(t)
+	d := New(cfg, channels, testenv.Redis(t), pub, log, metrics.New(prometheus.NewRegistry()))
+	if err := d.Declare(context.Background(), pub); err != nil {
+		t.Fatal(err)
+	}
+	names := []string{d.Queue(), d.cfg.FailedQueue}
+	for _, delay := range delays {
+		names = append(names, d.delayQueue(delay))
+	}
+	testenv.DeleteQueuesAtCleanup(t, names...)
+	return pub, d
+}
+
+func counterValue(t *testing.T, d *Deliverer, channel, outcome string) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := d.metrics.Notifications.WithLabelValues(channel, outcome).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// A retry of a digest that another flush job sent meanwhile finds it gone:
+// what it flushes next is a new digest, with attempts of its own, not the
+// ones left of the digest it was retrying.
+func TestDigestRetryDoesNotSpendTheNextDigestsAttempts(t *testing.T) {
+	ctx := context.Background()
+	ch := &flaky{tried: make(chan struct{}, 16)}
+	_, d := declaredDeliverer(t, Config{MaxAttempts: 2, Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": ch})
+	flush := &Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 60_000, ProjectID: "p", RuleID: "r"}
+	keys := d.digestKeys(flush)
+	pend := func(id string) {
+		t.Helper()
+		body, err := json.Marshal(throttledJob(t, id, time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.rdb.HSet(ctx, keys[1], id, body).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// n1's digest fails its first try: its retry is on the way.
+	pend("n1")
+	if err := d.deliverDigest(ctx, flush, "a"); err != nil {
+		t.Fatal(err)
+	}
+	retry, err := DecodeJob(takeOne(t, d.Queue()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Meanwhile another flush job sent n1's digest and dropped it; n2 was
+	// gathered since, and is due.
+	if err := d.record(ctx, d.claimKey("n1:slack:digest"), "sent"); err != nil {
+		t.Fatal(err)
+	}
+	d.rdb.Del(ctx, keys[2])
+	pend("n2")
+	d.rdb.HSet(ctx, keys[0], "last", 0)
+
+	if err := d.deliverDigest(ctx, &retry, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if v := counterValue(t, d, "slack", "failed"); v != 0 {
+		t.Errorf("n2's digest failed for good after %d try: the retry of n1's spent its attempts", len(ch.times())-1)
+	}
+}
