@@ -361,3 +361,34 @@ func counted(evs []counter.Event) string {
 	}
 	return strings.Join(got, " ")
 }
+
+// A Hawk rule whose telegram channel is enabled but was saved without an
+// endpoint (hawk.api only required one channel to have one) still notifies
+// its email, as Hawk's notifier does: one job, for email only.
+func TestHawkRuleWithEmptyEnabledChannelNotifiesTheOthers(t *testing.T) {
+	snap := compile(t, map[string][]rules.Spec{project: {
+		{ID: "new", IsEnabled: true, WhatToReceive: rules.OnlyNew, Channels: map[string]rules.ChannelSpec{
+			rules.Email:    {IsEnabled: true, Endpoint: "ops@example.com", MinPeriod: 60},
+			rules.Telegram: {IsEnabled: true, Endpoint: "", MinPeriod: 60},
+			rules.Slack:    {IsEnabled: false, Endpoint: "", MinPeriod: 60},
+		}},
+	}})
+	fc := &fakeCounter{fire: map[string]bool{"new": true}, record: true}
+	pub := &fakePublisher{}
+	e, _ := newEvaluator(snap, fc, pub)
+	b := &queue.Batch{Deliveries: []queue.Delivery{delivery(hawk(project, "TypeError: x", "g", true), "")}}
+	if err := e.Handle(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	var channels []string
+	for _, msg := range pub.msgs {
+		job, err := deliverer.DecodeJob(msg.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		channels = append(channels, job.Channel)
+	}
+	if strings.Join(channels, ",") != rules.Email {
+		t.Errorf("jobs for %v, want email only", channels)
+	}
+}

@@ -7,7 +7,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strings"
 	"time"
 )
@@ -190,7 +192,10 @@ func Compile(projectID string, s Spec) (*Rule, []string, error) {
 			continue
 		}
 		if strings.TrimSpace(c.Endpoint) == "" {
-			return nil, nil, fmt.Errorf("channel %s is enabled but has no endpoint", name)
+			// Hawk sends each channel on its own: the rule's other
+			// channels keep working.
+			warnings = append(warnings, fmt.Sprintf("channel %s is enabled but has no endpoint: left out", name))
+			continue
 		}
 		if c.MinPeriod < 0 {
 			return nil, nil, fmt.Errorf("channel %s: minPeriod %d s must not be negative", name, c.MinPeriod)
@@ -199,15 +204,23 @@ func Compile(projectID string, s Spec) (*Rule, []string, error) {
 			// Also keeps the conversion to time.Duration from overflowing.
 			return nil, nil, fmt.Errorf("channel %s: minPeriod %d s is longer than %s", name, c.MinPeriod, MaxWindowPeriod)
 		}
+		if name == Telegram && isURL(c.Endpoint) {
+			// Hawk's telegram endpoints are webhooks of CodeX's notify bot
+			// (https://notify.bot.codex.so/u/…), not chat ids.
+			warnings = append(warnings, "channel telegram: the endpoint is a URL, not a chat id; "+
+				"Klaxon sends through the Telegram Bot API to chat_id = endpoint, which will fail")
+		}
 		r.Channels = append(r.Channels, Channel{
 			Name:      name,
 			Endpoint:  strings.TrimSpace(c.Endpoint),
 			MinPeriod: time.Duration(c.MinPeriod) * time.Second,
 		})
 	}
-	for name := range s.Channels {
-		if !knownChannel(name) {
-			warnings = append(warnings, fmt.Sprintf("unknown channel %q ignored", name))
+	for _, name := range slices.Sorted(maps.Keys(s.Channels)) {
+		// Hawk's rules carry channels Klaxon does not have (loop, webPush,
+		// desktopPush), usually disabled: only an enabled one loses messages.
+		if !knownChannel(name) && s.Channels[name].IsEnabled {
+			warnings = append(warnings, fmt.Sprintf("channel %q is not supported: ignored", name))
 		}
 	}
 	if len(r.Channels) == 0 {
@@ -275,6 +288,11 @@ func lowerNonEmpty(in []string) []string {
 		}
 	}
 	return out
+}
+
+func isURL(endpoint string) bool {
+	e := strings.ToLower(strings.TrimSpace(endpoint))
+	return strings.HasPrefix(e, "https://") || strings.HasPrefix(e, "http://")
 }
 
 func knownChannel(name string) bool {

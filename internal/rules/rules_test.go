@@ -52,7 +52,6 @@ func TestCompileErrors(t *testing.T) {
 		{Spec{ID: "r", WhatToReceive: SeenMore, Windows: []WindowSpec{{5, 60_000}, {0, 1000}}}, "windows[1]: threshold 0"},
 		{Spec{ID: "r", WhatToReceive: SeenMore, Threshold: 5, ThresholdPeriod: 60_000, CountBy: "sessions"}, `countBy "sessions"`},
 		{Spec{ID: "r", WhatToReceive: SeenMore, Threshold: 5, ThresholdPeriod: 60_000, Cooldown: -1}, "cooldown -1"},
-		{Spec{ID: "r", WhatToReceive: OnlyNew, Channels: map[string]ChannelSpec{Slack: {IsEnabled: true}}}, "channel slack is enabled but has no endpoint"},
 	} {
 		tc.spec.IsEnabled = true
 		_, _, err := Compile("p", tc.spec)
@@ -72,7 +71,7 @@ func TestWarnings(t *testing.T) {
 		t.Fatal(err)
 	}
 	all := strings.Join(warnings, "\n")
-	for _, want := range []string{"window 1 (5 per 3s) can never fire before window 0 (5 per 1m0s)", `unknown channel "pager"`, "no enabled channel"} {
+	for _, want := range []string{"window 1 (5 per 3s) can never fire before window 0 (5 per 1m0s)", `channel "pager" is not supported`, "no enabled channel"} {
 		if !strings.Contains(all, want) {
 			t.Errorf("warnings %q lack %q", all, want)
 		}
@@ -122,5 +121,92 @@ func TestVersionFollowsCounting(t *testing.T) {
 	if a.Version != b.Version || a.Version != b2.Version || a.Version == c.Version {
 		t.Errorf("versions %s %s %s %s: want filter, threshold and cooldown edits to keep counters and a period edit to reset them",
 			a.Version, b.Version, b2.Version, c.Version)
+	}
+}
+
+// hawkDefaultChannels are the channels hawk.api's createProject gives the
+// rule it adds to every new project: email on, the others off and empty.
+func hawkDefaultChannels() map[string]ChannelSpec {
+	return map[string]ChannelSpec{
+		Email:         {IsEnabled: true, Endpoint: "owner@example.com", MinPeriod: 60},
+		Telegram:      {IsEnabled: false, Endpoint: "", MinPeriod: 60},
+		Slack:         {IsEnabled: false, Endpoint: "", MinPeriod: 60},
+		"loop":        {IsEnabled: false, Endpoint: "", MinPeriod: 60},
+		"webPush":     {IsEnabled: false, Endpoint: "", MinPeriod: 60},
+		"desktopPush": {IsEnabled: false, Endpoint: "", MinPeriod: 60},
+	}
+}
+
+// Hawk's own default rule loads quietly: its disabled channels that Klaxon
+// does not have (loop, pushes) are not worth a warning on every project.
+func TestHawkDefaultRuleLoadsWithoutWarnings(t *testing.T) {
+	r, warnings, err := Compile("p", Spec{ID: "r", IsEnabled: true, WhatToReceive: SeenMore,
+		Threshold: 20, ThresholdPeriod: 3_600_000, Including: []string{}, Excluding: []string{}, Channels: hawkDefaultChannels()})
+	if err != nil || len(warnings) != 0 {
+		t.Fatalf("err %v, warnings %q: want none", err, warnings)
+	}
+	if len(r.Channels) != 1 || r.Channels[0].Name != Email || r.Channels[0].MinPeriod != time.Minute {
+		t.Errorf("channels %+v, want email only", r.Channels)
+	}
+}
+
+// A channel Klaxon does not have is warned about when it is enabled: its
+// messages will not be sent.
+func TestEnabledUnsupportedChannelWarned(t *testing.T) {
+	channels := hawkDefaultChannels()
+	channels["loop"] = ChannelSpec{IsEnabled: true, Endpoint: "https://loop.example/hooks/x"}
+	_, warnings, err := Compile("p", Spec{ID: "r", IsEnabled: true, WhatToReceive: OnlyNew, Channels: channels})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(warnings) != 1 || !strings.Contains(warnings[0], `channel "loop" is not supported`) {
+		t.Errorf("warnings %q, want one about loop", warnings)
+	}
+}
+
+// Hawk sends each enabled channel on its own, so a rule with one enabled
+// channel left without an endpoint still notifies the others; Klaxon leaves
+// that channel out with a warning rather than the whole rule.
+func TestEnabledChannelWithoutEndpointLeftOut(t *testing.T) {
+	r, warnings, err := Compile("p", Spec{ID: "r", IsEnabled: true, WhatToReceive: OnlyNew, Channels: map[string]ChannelSpec{
+		Email:    {IsEnabled: true, Endpoint: "ops@example.com", MinPeriod: 60},
+		Telegram: {IsEnabled: true, Endpoint: " ", MinPeriod: 60},
+	}})
+	if err != nil {
+		t.Fatalf("rule skipped: %v", err)
+	}
+	if len(r.Channels) != 1 || r.Channels[0].Name != Email {
+		t.Errorf("channels %+v, want email only", r.Channels)
+	}
+	if all := strings.Join(warnings, "\n"); !strings.Contains(all, "channel telegram is enabled but has no endpoint") {
+		t.Errorf("warnings %q lack the telegram one", all)
+	}
+}
+
+// Hawk's telegram endpoints are webhooks of CodeX's notify bot
+// (https://notify.bot.codex.so/u/…); Klaxon's telegram channel needs a chat
+// id. Such a rule loads with a warning that does not show the endpoint.
+func TestTelegramURLEndpointWarned(t *testing.T) {
+	const endpoint = "https://notify.bot.codex.so/u/S3CR3T"
+	_, warnings, err := Compile("p", Spec{ID: "r", IsEnabled: true, WhatToReceive: OnlyNew, Channels: map[string]ChannelSpec{
+		Telegram: {IsEnabled: true, Endpoint: endpoint, MinPeriod: 60},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := strings.Join(warnings, "\n")
+	if !strings.Contains(all, "channel telegram: the endpoint is a URL") {
+		t.Errorf("warnings %q lack the telegram URL one", all)
+	}
+	if strings.Contains(all, "S3CR3T") {
+		t.Errorf("a warning shows the endpoint: %q", all)
+	}
+	for _, chat := range []string{"-1001234567", "@alerts", "123456"} {
+		_, warnings, _ := Compile("p", Spec{ID: "r", IsEnabled: true, WhatToReceive: OnlyNew, Channels: map[string]ChannelSpec{
+			Telegram: {IsEnabled: true, Endpoint: chat},
+		}})
+		if len(warnings) != 0 {
+			t.Errorf("chat %q warned about: %q", chat, warnings)
+		}
 	}
 }

@@ -442,3 +442,77 @@ func TestMongoSourceUnreachable(t *testing.T) {
 		}
 	})
 }
+
+// The rule hawk.api's createProject adds to every project, as its Node.js
+// driver stores it (numbers as int32, uidAdded, autoAdded, disabled channels
+// Klaxon does not have), loads without a warning; a rule saved by an older
+// hawk.api with telegram enabled but empty keeps its email channel.
+func TestMongoSourceHawkDefaultRule(t *testing.T) {
+	coll, uri := projectsCollection(t)
+	ctx := t.Context()
+	off := func() bson.D {
+		return bson.D{{Key: "isEnabled", Value: false}, {Key: "endpoint", Value: ""}, {Key: "minPeriod", Value: int32(60)}}
+	}
+	email := bson.D{{Key: "isEnabled", Value: true}, {Key: "endpoint", Value: "owner@example.com"}, {Key: "minPeriod", Value: int32(60)}}
+	doc := bson.D{
+		{Key: "_id", Value: oid(t, projectA)},
+		{Key: "notifications", Value: bson.A{
+			bson.D{
+				{Key: "_id", Value: oid(t, ruleSeenMore)},
+				{Key: "uidAdded", Value: oid(t, "64b7f0c2a1b2c3d4e5f6ffff")},
+				{Key: "isEnabled", Value: true},
+				{Key: "whatToReceive", Value: "SEEN_MORE"},
+				{Key: "channels", Value: bson.D{
+					{Key: "email", Value: email},
+					{Key: "telegram", Value: off()},
+					{Key: "slack", Value: off()},
+					{Key: "loop", Value: off()},
+				}},
+				{Key: "including", Value: bson.A{}},
+				{Key: "excluding", Value: bson.A{}},
+				{Key: "autoAdded", Value: "$$NOW"},
+				{Key: "threshold", Value: int32(20)},
+				{Key: "thresholdPeriod", Value: int32(3600000)},
+			},
+			bson.D{
+				{Key: "_id", Value: oid(t, ruleOnlyNew)},
+				{Key: "uidAdded", Value: oid(t, "64b7f0c2a1b2c3d4e5f6ffff")},
+				{Key: "isEnabled", Value: true},
+				{Key: "whatToReceive", Value: "ONLY_NEW"},
+				{Key: "channels", Value: bson.D{
+					{Key: "email", Value: email},
+					{Key: "telegram", Value: bson.D{{Key: "isEnabled", Value: true}, {Key: "endpoint", Value: ""}, {Key: "minPeriod", Value: int32(60)}}},
+					{Key: "slack", Value: off()},
+				}},
+				{Key: "including", Value: bson.A{}},
+				{Key: "excluding", Value: bson.A{}},
+			},
+		}},
+	}
+	if _, err := coll.InsertOne(ctx, doc); err != nil {
+		t.Fatal(err)
+	}
+	log, logs := newLogger()
+	cache := store.NewCache(mongoSource(t, uri), store.CacheOptions{Logger: log})
+	if err := cache.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rs := cache.Rules(projectA)
+	if ids := ruleIDs(rs); !slices.Equal(ids, []string{ruleSeenMore, ruleOnlyNew}) {
+		t.Fatalf("rules %v, want both\n%s", ids, logs)
+	}
+	for _, r := range rs {
+		if len(r.Channels) != 1 || r.Channels[0].Name != rules.Email || r.Channels[0].MinPeriod != time.Minute {
+			t.Errorf("rule %s channels %+v, want email every minute", r.ID, r.Channels)
+		}
+	}
+	if rs[0].Windows[0] != (rules.Window{Threshold: 20, Period: time.Hour}) {
+		t.Errorf("default rule windows %+v, want 20 per hour", rs[0].Windows)
+	}
+	if n := logs.count(t, "rule warning", "project", projectA, "rule", ruleSeenMore); n != 0 {
+		t.Errorf("Hawk's default rule was warned about\n%s", logs)
+	}
+	if n := logs.count(t, "rule warning", "project", projectA, "rule", ruleOnlyNew); n != 1 {
+		t.Errorf("%d warnings about the empty telegram channel, want 1\n%s", n, logs)
+	}
+}
