@@ -298,13 +298,14 @@ func buildChannels(cfg config.Config) (map[string]notify.Channel, error) {
 		}
 		channels[rules.Email] = e
 	}
-	if cfg.TelegramEnabled() {
-		t, err := telegram.New(telegram.Config{Token: cfg.TelegramToken, APIURL: cfg.TelegramAPI, Client: client})
-		if err != nil {
-			return nil, fmt.Errorf("telegram channel: %w", err)
-		}
-		channels[rules.Telegram] = t
+	// Telegram is there without a token too: Hawk's rules send through hook
+	// URLs of CodeX's notify bot, which need none; a chat id then fails with
+	// that reason.
+	t, err := telegram.New(telegram.Config{Token: cfg.TelegramToken, APIURL: cfg.TelegramAPI, Client: client})
+	if err != nil {
+		return nil, fmt.Errorf("telegram channel: %w", err)
 	}
+	channels[rules.Telegram] = t
 	return channels, nil
 }
 

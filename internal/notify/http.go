@@ -118,18 +118,27 @@ func TransportError(channel string, err error) error {
 // RetryAfter. Errors name the
 // channel and status, never the endpoint.
 func PostJSON(ctx context.Context, client *http.Client, channel, endpoint string, header http.Header, body any) (retry bool, err error) {
-	if err := CheckURL(channel, endpoint); err != nil {
-		return false, err
-	}
 	data, err := json.Marshal(body)
 	if err != nil {
 		return false, fmt.Errorf("%s: encode body: %w", channel, err)
+	}
+	return post(ctx, client, channel, endpoint, header, "application/json", data)
+}
+
+// PostForm is PostJSON for a form body (application/x-www-form-urlencoded).
+func PostForm(ctx context.Context, client *http.Client, channel, endpoint string, form url.Values) (retry bool, err error) {
+	return post(ctx, client, channel, endpoint, nil, "application/x-www-form-urlencoded", []byte(form.Encode()))
+}
+
+func post(ctx context.Context, client *http.Client, channel, endpoint string, header http.Header, contentType string, data []byte) (retry bool, err error) {
+	if err := CheckURL(channel, endpoint); err != nil {
+		return false, err
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(data))
 	if err != nil {
 		return false, fmt.Errorf("%s: build request: %w", channel, err)
 	}
-	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Content-Type", contentType)
 	req.Header.Set("User-Agent", UserAgent)
 	for k, vs := range header {
 		req.Header[http.CanonicalHeaderKey(k)] = vs

@@ -204,12 +204,6 @@ func Compile(projectID string, s Spec) (*Rule, []string, error) {
 			// Also keeps the conversion to time.Duration from overflowing.
 			return nil, nil, fmt.Errorf("channel %s: minPeriod %d s is longer than %s", name, c.MinPeriod, MaxWindowPeriod)
 		}
-		if name == Telegram && isURL(c.Endpoint) {
-			// Hawk's telegram endpoints are webhooks of CodeX's notify bot
-			// (https://notify.bot.codex.so/u/…), not chat ids.
-			warnings = append(warnings, "channel telegram: the endpoint is a URL, not a chat id; "+
-				"Klaxon sends through the Telegram Bot API to chat_id = endpoint, which will fail")
-		}
 		r.Channels = append(r.Channels, Channel{
 			Name:      name,
 			Endpoint:  strings.TrimSpace(c.Endpoint),
@@ -288,11 +282,6 @@ func lowerNonEmpty(in []string) []string {
 		}
 	}
 	return out
-}
-
-func isURL(endpoint string) bool {
-	e := strings.ToLower(strings.TrimSpace(endpoint))
-	return strings.HasPrefix(e, "https://") || strings.HasPrefix(e, "http://")
 }
 
 func knownChannel(name string) bool {

@@ -1,6 +1,7 @@
 // Package telegram delivers notifications with the Telegram Bot API's
 // sendMessage, through github.com/go-telegram-bot-api/telegram-bot-api/v5,
-// as HTML-formatted text.
+// as HTML-formatted text; or, to an endpoint that is a URL, the way Hawk
+// does: through a hook of CodeX's notify bot (@codex_bot).
 package telegram
 
 import (
@@ -39,7 +40,8 @@ const (
 // Config is what the channel needs from the operator.
 type Config struct {
 	// Token is the bot's token from @BotFather. It is a secret: it is never
-	// logged and never appears in an error.
+	// logged and never appears in an error. Without one, only hook URLs
+	// can be sent to.
 	Token string
 	// APIURL is the Bot API's base URL; empty means DefaultAPIURL. Method
 	// URLs are {APIURL}/bot{Token}/{method}.
@@ -62,8 +64,8 @@ var _ notify.Channel = (*Notifier)(nil)
 // constructors call getMe, which would make start-up depend on Telegram, so
 // each send builds its own tgbotapi.BotAPI instead.
 func New(cfg Config) (*Notifier, error) {
-	if cfg.Token == "" || strings.ContainsAny(cfg.Token, "/?#% \t\r\n") {
-		return nil, errors.New("telegram: token is empty or malformed")
+	if strings.ContainsAny(cfg.Token, "/?#% \t\r\n") {
+		return nil, errors.New("telegram: token is malformed")
 	}
 	api := strings.TrimRight(cfg.APIURL, "/")
 	if api == "" {
@@ -88,6 +90,10 @@ func New(cfg Config) (*Notifier, error) {
 // with sendMessage in HTML parse mode. 429 (honouring retry_after), 5xx and
 // network errors are worth retrying; other errors (400 chat not found, 403
 // bot blocked) are not.
+//
+// An endpoint that is an http(s) URL is a hook of CodeX's notify bot, which
+// is what Hawk stores for its Telegram rules (https://notify.bot.codex.so/u/
+// …): m goes there as Hawk sends it, a form of parse_mode and message.
 func (n *Notifier) Notify(ctx context.Context, chatID string, m *notify.Message) (retry bool, err error) {
 	if err := notify.CheckMessage(m); err != nil {
 		return false, err
@@ -95,6 +101,14 @@ func (n *Notifier) Notify(ctx context.Context, chatID string, m *notify.Message)
 	chatID = strings.TrimSpace(chatID)
 	if chatID == "" {
 		return false, errors.New("telegram: empty chat id")
+	}
+	if IsHook(chatID) {
+		retry, err = notify.PostForm(ctx, n.client, Name, chatID,
+			url.Values{"parse_mode": {tgbotapi.ModeHTML}, "message": {Text(m)}})
+		return retry, notify.RedactError(err, notify.URLSecrets(chatID)...)
+	}
+	if n.token == "" {
+		return false, errors.New("telegram: no bot token is configured: only hook URLs (Hawk's @codex_bot) can be sent to")
 	}
 	msg := tgbotapi.MessageConfig{
 		BaseChat:              tgbotapi.BaseChat{ChannelUsername: chatID},
@@ -152,6 +166,13 @@ func classify(err error, status int) (bool, error) {
 	default:
 		return true, fmt.Errorf("telegram: %w", err)
 	}
+}
+
+// IsHook reports whether a rule's telegram endpoint is a notify-bot hook URL
+// rather than a chat id.
+func IsHook(endpoint string) bool {
+	e := strings.ToLower(strings.TrimSpace(endpoint))
+	return strings.HasPrefix(e, "https://") || strings.HasPrefix(e, "http://")
 }
 
 // APIError is an error answer of the Bot API.

@@ -7,7 +7,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -59,7 +61,6 @@ func TestNewMakesNoRequest(t *testing.T) {
 
 func TestNewChecksConfig(t *testing.T) {
 	for _, cfg := range []telegram.Config{
-		{Token: ""},
 		{Token: "12/34"},
 		{Token: token, APIURL: "api.telegram.org"},
 	} {
@@ -248,5 +249,73 @@ func TestLongDetailsFit(t *testing.T) {
 	}
 	if v := onlyRequest(t, srv).Visible; !strings.Contains(v, "Notification id n-1") || !strings.Contains(v, "repetition rrrr") {
 		t.Errorf("text lacks the ids:\n%s", v)
+	}
+}
+
+// codexHook is CodeX's notify bot as Hawk uses it: a hook URL per chat that
+// takes a form of parse_mode and message.
+type codexHook struct {
+	mu     sync.Mutex
+	forms  []url.Values
+	status int // answered, 200 when 0
+}
+
+func (h *codexHook) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost || r.Header.Get("Content-Type") != "application/x-www-form-urlencoded" {
+		http.Error(w, "want a form POST", http.StatusBadRequest)
+		return
+	}
+	if err := r.ParseForm(); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	h.mu.Lock()
+	h.forms = append(h.forms, r.PostForm)
+	status := h.status
+	h.mu.Unlock()
+	if status != 0 {
+		// Echo the path, as servers do: the hook's secret must not leak.
+		http.Error(w, "cannot deliver to "+r.URL.Path, status)
+		return
+	}
+	fmt.Fprint(w, "OK")
+}
+
+// Hawk's telegram endpoints are hooks of CodeX's notify bot: the message
+// goes there as Hawk sends it, with no bot token needed; a chat id without a
+// token fails for good, saying why.
+func TestHawkHookEndpoint(t *testing.T) {
+	hook := &codexHook{}
+	srv := httptest.NewServer(hook)
+	t.Cleanup(srv.Close)
+	endpoint := srv.URL + "/u/S3CR3THOOK"
+	n, err := telegram.New(telegram.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if retry, err := n.Notify(context.Background(), endpoint, single(threshold("n-1", nastyTitle))); err != nil {
+		t.Fatalf("Notify = %t, %v", retry, err)
+	}
+	if len(hook.forms) != 1 {
+		t.Fatalf("hook got %d messages, want 1", len(hook.forms))
+	}
+	form := hook.forms[0]
+	if form.Get("parse_mode") != "HTML" || !strings.HasPrefix(form.Get("message"), "<b>&lt;b&gt;&amp;*_[x]</b>\n") {
+		t.Errorf("form %v: want parse_mode HTML and the message with the escaped title first", form)
+	}
+
+	for status, wantRetry := range map[int]bool{http.StatusBadGateway: true, http.StatusNotFound: false} {
+		hook.mu.Lock()
+		hook.status = status
+		hook.mu.Unlock()
+		retry, err := n.Notify(context.Background(), endpoint, single(threshold("n-2", "t")))
+		if err == nil || retry != wantRetry || strings.Contains(err.Error(), "S3CR3THOOK") {
+			t.Errorf("hook answering %d: retry %t, err %v; want retry %t and no secret", status, retry, err, wantRetry)
+		}
+	}
+
+	retry, err := n.Notify(context.Background(), "-1001234567890", single(threshold("n-3", "t")))
+	if err == nil || retry || !strings.Contains(err.Error(), "no bot token") {
+		t.Errorf("a chat id without a token: retry %t, err %v; want a permanent error saying so", retry, err)
 	}
 }
