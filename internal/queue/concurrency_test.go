@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -39,12 +40,7 @@ func TestConcurrencyIsChecked(t *testing.T) {
 // multiple ack would have, and the nack of an already-acked tag would have
 // closed the channel).
 func TestConcurrentBatchesPassABlockedOne(t *testing.T) {
-	b := newBroker(t)
-	q := b.queueName()
-	pub := newPublisher(t, queue.PublisherConfig{})
-	if err := pub.Declare(t.Context(), q, nil); err != nil {
-		t.Fatal(err)
-	}
+	b, pub, q := declaredVia(t, "")
 	const n, prefetch = 50, 10
 	fill(t, pub, q, n)
 
@@ -109,12 +105,7 @@ func TestConcurrentBatchesPassABlockedOne(t *testing.T) {
 // A handler error holds and retries that batch alone, with the same
 // deliveries and a growing Attempt, while the other batches go on.
 func TestConcurrentHandlerErrorsRetryPerBatch(t *testing.T) {
-	b := newBroker(t)
-	q := b.queueName()
-	pub := newPublisher(t, queue.PublisherConfig{})
-	if err := pub.Declare(t.Context(), q, nil); err != nil {
-		t.Fatal(err)
-	}
+	b, pub, q := declaredVia(t, "")
 	const n, prefetch = 40, 10
 	fill(t, pub, q, n)
 
@@ -188,12 +179,7 @@ func TestConcurrentHandlerErrorsRetryPerBatch(t *testing.T) {
 // Redelivered, and the new channel's first batch is handled only once every
 // handler of the old one has returned.
 func TestConcurrentChannelCutRedeliversExactlyTheUnacked(t *testing.T) {
-	b := newBroker(t)
-	q := b.queueName()
-	pub := newPublisher(t, queue.PublisherConfig{})
-	if err := pub.Declare(t.Context(), q, nil); err != nil {
-		t.Fatal(err)
-	}
+	b, pub, q := declaredVia(t, "")
 	// The first ackFirst messages are acked, every later batch of the first
 	// channel is held. Concurrency = prefetch: every delivery the broker
 	// sends reaches a handler, so the handlers see all it sent.
@@ -319,12 +305,7 @@ func TestConcurrentChannelCutRedeliversExactlyTheUnacked(t *testing.T) {
 // A graceful stop lets every handler in flight finish, within StopGrace,
 // settles each batch, and gives the rest back.
 func TestConcurrentGracefulStopWaitsForEveryHandler(t *testing.T) {
-	b := newBroker(t)
-	q := b.queueName()
-	pub := newPublisher(t, queue.PublisherConfig{})
-	if err := pub.Declare(t.Context(), q, nil); err != nil {
-		t.Fatal(err)
-	}
+	b, pub, q := declaredVia(t, "")
 	const n, slots = 50, 4
 	fill(t, pub, q, n)
 
@@ -374,4 +355,60 @@ func TestConcurrentGracefulStopWaitsForEveryHandler(t *testing.T) {
 	}
 	// The finished batches are acked; the rest of the prefetch is back.
 	b.waitReady(q, n-held, 5*time.Second)
+}
+
+// Batches failing together are one outage: one warning, then one
+// "handler recovered" once every held batch is through, however many
+// batches were held at once.
+func TestConcurrentFailuresLogOneOutage(t *testing.T) {
+	_, pub, q := declaredVia(t, "")
+	const n, slots = 40, 4
+	fill(t, pub, q, n)
+
+	log, logs := newLogger(t)
+	var down atomic.Bool
+	down.Store(true)
+	var mu sync.Mutex
+	failing := map[uint64]int{} // by the batch's first tag: failed attempts
+	l := newLedger()
+	_, r := startConsumer(t, queue.ConsumerConfig{
+		Queue: q, Prefetch: 20, MaxBatch: 2, Concurrency: slots, Logger: log,
+		Backoff: queue.Backoff{Min: 5 * time.Millisecond, Max: 20 * time.Millisecond},
+	}, func(_ context.Context, batch *queue.Batch) error {
+		if down.Load() {
+			mu.Lock()
+			failing[batch.Deliveries[0].DeliveryTag]++
+			mu.Unlock()
+			return errBoom
+		}
+		l.record(batch, func(int) bool { return false })
+		return nil
+	})
+	// Every slot holds a failing batch, each retried at least once.
+	if !eventually(10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		retried := 0
+		for _, k := range failing {
+			if k >= 2 {
+				retried++
+			}
+		}
+		return retried == slots
+	}) {
+		t.Fatalf("not every slot held a retried batch: %v", failing)
+	}
+	down.Store(false)
+	if !eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
+		t.Fatalf("acked %d of %d", l.ackedCount(), n)
+	}
+	r.stop(t, 10*time.Second)
+
+	out := logs.String()
+	if k := strings.Count(out, `level=WARN msg="handler failed; holding the batch to retry it"`); k != 1 {
+		t.Errorf("%d warnings for %d batches held in one outage, want 1", k, slots)
+	}
+	if k := strings.Count(out, `msg="handler recovered"`); k != 1 {
+		t.Errorf(`%d "handler recovered" for one outage, want 1`, k)
+	}
 }

@@ -315,13 +315,16 @@ func (c *Consumer) consumeConcurrently(ctx, bctx context.Context, s *session, ha
 			b, alive = s.collect(cctx, c.cfg.MaxBatch, c.cfg.Linger)
 		case <-cctx.Done():
 		}
+		// cctx is checked first: it ends with ctx, and a stop that lands
+		// between the two checks must still be a graceful one.
+		failure := context.Cause(cctx)
 		switch {
 		case !alive:
 			return end(s.cause())
 		case ctx.Err() != nil:
 			return s.stop(b, wg.Wait)
-		case cctx.Err() != nil:
-			return end(context.Cause(cctx)) // b, if any, comes again
+		case failure != nil:
+			return end(failure) // b, if any, comes again
 		}
 		s.track(b)
 		wg.Add(1)
@@ -359,7 +362,9 @@ func (c *Consumer) subscribe(conn *amqp.Connection) (*session, error) {
 
 // process calls the handler on b until it succeeds, then settles b. It
 // returns an error only when the channel is gone; on ctx cancellation it
-// gives the batch back and returns nil.
+// returns nil and leaves b in flight, for stop to give back once the
+// consumer is cancelled: given back before, the broker would deliver it
+// straight back to this consumer.
 func (c *Consumer) process(ctx, bctx context.Context, s *session, b *Batch, handle Handler) error {
 	held := false // counted in c.held
 	defer func() {
@@ -400,7 +405,7 @@ func (c *Consumer) process(ctx, bctx context.Context, s *session, b *Batch, hand
 			return fmt.Errorf("handler: %w (channel closed meanwhile: %w)", err, s.cause())
 		}
 		if ctx.Err() != nil {
-			return s.requeue(b) // stopping: no retry
+			return nil // stopping: no retry
 		}
 		delay := c.cfg.Backoff.Delay(attempt)
 		lvl := slog.LevelDebug
@@ -418,7 +423,7 @@ func (c *Consumer) process(ctx, bctx context.Context, s *session, b *Batch, hand
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return s.requeue(b)
+			return nil
 		case <-s.deadCtx.Done():
 			t.Stop()
 			return s.cause()
@@ -487,12 +492,17 @@ func (s *session) wait() { <-s.watcherEnd }
 
 // cause says why the deliveries stopped. amqp091 reports a channel close or
 // a broker-side cancel before it closes the deliveries, so one of the two is
-// (about to be) ready.
+// (about to be) ready. A channel that shuts down closes s.cancels too: that
+// is no cancel, and the close is the cause.
 func (s *session) cause() error {
 	select {
 	case <-s.deadCtx.Done():
 		return s.closeErr
-	case tag := <-s.cancels:
+	case tag, ok := <-s.cancels:
+		if !ok {
+			<-s.deadCtx.Done()
+			return s.closeErr
+		}
 		return fmt.Errorf("broker cancelled consumer %s (queue deleted?)", tag)
 	}
 }
@@ -606,19 +616,11 @@ func (s *session) settle(b *Batch) error {
 	return nil
 }
 
-// requeue gives the whole of b back to the broker.
-func (s *session) requeue(b *Batch) error {
-	for i := range b.Deliveries {
-		b.Requeue(i)
-	}
-	return s.settle(b)
-}
-
 // stop ends consuming gracefully: it cancels the consumer, waits for the
 // handlers in flight (wait, if not nil) to settle their own batches, then
-// gives back b (if any) and every delivery received but not handled, in one
-// nack. The caller's deferred close then requeues whatever was still on the
-// wire.
+// gives back b (if any), the batches the handlers left unsettled, and every
+// delivery received but not handled, in one nack. The caller's deferred
+// close then requeues whatever was still on the wire.
 func (s *session) stop(b *Batch, wait func()) error {
 	// noWait: deliveries that cross the cancel are dropped client-side and
 	// requeued by the broker when the channel closes a moment later.
@@ -635,6 +637,13 @@ func (s *session) stop(b *Batch, wait func()) error {
 		// would include the batches still in the handlers.
 		wait()
 	}
+	s.mu.Lock()
+	for _, ib := range s.inflight { // given up on when ctx ended
+		for _, d := range ib.Deliveries {
+			last = max(last, d.DeliveryTag)
+		}
+	}
+	s.mu.Unlock()
 	if err == nil && last > 0 {
 		err = s.ch.Nack(last, true, true)
 	}

@@ -69,12 +69,7 @@ func (l *ledger) exactlyOnce(t *testing.T, n int) {
 }
 
 func TestConsumeBatchesAndMultipleAcks(t *testing.T) {
-	b := newBroker(t)
-	q := b.queueName()
-	pub := newPublisher(t, queue.PublisherConfig{})
-	if err := pub.Declare(t.Context(), q, nil); err != nil {
-		t.Fatal(err)
-	}
+	b, pub, q := declaredVia(t, "")
 	const n = 2000
 	fill(t, pub, q, n)
 
@@ -118,12 +113,7 @@ func TestConsumeBatchesAndMultipleAcks(t *testing.T) {
 }
 
 func TestRequeuedDeliveriesComeBackRedelivered(t *testing.T) {
-	b := newBroker(t)
-	q := b.queueName()
-	pub := newPublisher(t, queue.PublisherConfig{})
-	if err := pub.Declare(t.Context(), q, nil); err != nil {
-		t.Fatal(err)
-	}
+	b, pub, q := declaredVia(t, "")
 	const n = 40
 	fill(t, pub, q, n)
 
@@ -151,12 +141,7 @@ func TestRequeuedDeliveriesComeBackRedelivered(t *testing.T) {
 		l.record(batch, func(i int) bool { return slices.Contains(marked, i) })
 		return nil
 	})
-	if !eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
-		t.Fatalf("acked %d of %d", l.ackedCount(), n)
-	}
-	r.stop(t, 10*time.Second)
-
-	l.exactlyOnce(t, n)
+	l.drainThenStop(t, r, n)
 	for i := range n {
 		id := fmt.Sprintf("m%d", i)
 		if want := i%3 == 0; l.redelivd[id] != want {
@@ -167,12 +152,7 @@ func TestRequeuedDeliveriesComeBackRedelivered(t *testing.T) {
 }
 
 func TestHandlerErrorRetriesTheHeldBatch(t *testing.T) {
-	b := newBroker(t)
-	q := b.queueName()
-	pub := newPublisher(t, queue.PublisherConfig{})
-	if err := pub.Declare(t.Context(), q, nil); err != nil {
-		t.Fatal(err)
-	}
+	b, pub, q := declaredVia(t, "")
 	const n, failures = 30, 3
 	fill(t, pub, q, n)
 
@@ -202,12 +182,7 @@ func TestHandlerErrorRetriesTheHeldBatch(t *testing.T) {
 		l.record(batch, func(int) bool { return false })
 		return nil
 	})
-	if !eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
-		t.Fatalf("acked %d of %d", l.ackedCount(), n)
-	}
-	r.stop(t, 10*time.Second)
-
-	l.exactlyOnce(t, n)
+	l.drainThenStop(t, r, n)
 	mu.Lock()
 	defer mu.Unlock()
 	for first, cs := range calls {
@@ -235,12 +210,7 @@ func TestHandlerErrorRetriesTheHeldBatch(t *testing.T) {
 }
 
 func TestGracefulStopLetsTheHandlerFinish(t *testing.T) {
-	b := newBroker(t)
-	q := b.queueName()
-	pub := newPublisher(t, queue.PublisherConfig{})
-	if err := pub.Declare(t.Context(), q, nil); err != nil {
-		t.Fatal(err)
-	}
+	b, pub, q := declaredVia(t, "")
 	const n = 300
 	fill(t, pub, q, n)
 
@@ -284,12 +254,7 @@ func TestGracefulStopLetsTheHandlerFinish(t *testing.T) {
 }
 
 func TestGracefulStopBoundsAStuckHandler(t *testing.T) {
-	b := newBroker(t)
-	q := b.queueName()
-	pub := newPublisher(t, queue.PublisherConfig{})
-	if err := pub.Declare(t.Context(), q, nil); err != nil {
-		t.Fatal(err)
-	}
+	b, pub, q := declaredVia(t, "")
 	const n = 50
 	fill(t, pub, q, n)
 
@@ -311,12 +276,7 @@ func TestGracefulStopBoundsAStuckHandler(t *testing.T) {
 }
 
 func TestReconnectAfterNetworkCut(t *testing.T) {
-	b := newBroker(t)
-	q := b.queueName()
-	pub := newPublisher(t, queue.PublisherConfig{})
-	if err := pub.Declare(t.Context(), q, nil); err != nil {
-		t.Fatal(err)
-	}
+	b, pub, q := declaredVia(t, "")
 	const n = 20
 	fill(t, pub, q, n)
 
@@ -558,5 +518,123 @@ func TestNoGoroutinesLeftAfterReconnects(t *testing.T) {
 	if !eventually(5*time.Second, func() bool { after = runtime.NumGoroutine(); return after <= before }) {
 		buf := make([]byte, 1<<20)
 		t.Fatalf("%d goroutines before, %d after:\n%s", before, after, buf[:runtime.Stack(buf, true)])
+	}
+}
+
+// A failed attempt did nothing, its Requeue marks included: the next
+// attempt starts with none, and the batch is acked when it succeeds.
+func TestRequeueMarksOfAFailedAttemptAreDropped(t *testing.T) {
+	b, pub, q := declaredVia(t, "")
+	const n = 10
+	fill(t, pub, q, n)
+
+	var mu sync.Mutex
+	var results []queue.BatchResult
+	l := newLedger()
+	_, r := startConsumer(t, queue.ConsumerConfig{
+		Queue: q, Backoff: queue.Backoff{Min: 5 * time.Millisecond, Max: 20 * time.Millisecond},
+		Hooks: queue.Hooks{Batch: func(br queue.BatchResult) { mu.Lock(); results = append(results, br); mu.Unlock() }},
+	}, func(_ context.Context, batch *queue.Batch) error {
+		if batch.Attempt == 1 {
+			for i := range batch.Deliveries {
+				batch.Requeue(i)
+			}
+			return errBoom
+		}
+		l.record(batch, func(int) bool { return false })
+		return nil
+	})
+	l.drainThenStop(t, r, n)
+	if len(l.redelivd) != 0 {
+		t.Errorf("%d messages came back redelivered: a failed attempt's marks requeued them", len(l.redelivd))
+	}
+	mu.Lock()
+	for _, br := range results {
+		if br.Err == nil && (br.Requeued != 0 || br.Acked != br.Size) {
+			t.Errorf("hook got %+v, want every delivery acked", br)
+		}
+	}
+	mu.Unlock()
+	b.waitReady(q, 0, 5*time.Second)
+}
+
+// A trickle of deliveries, each arriving within Linger of the one before,
+// does not hold a batch open: Linger counts from the batch's first wait, not
+// from each arrival.
+func TestLingerBoundsABatchUnderATrickle(t *testing.T) {
+	_, pub, q := declaredVia(t, "")
+	const n, linger, gap = 60, 100 * time.Millisecond, 10 * time.Millisecond
+	l := newLedger()
+	_, r := startConsumer(t, queue.ConsumerConfig{Queue: q, MaxBatch: 1000, Linger: linger},
+		func(_ context.Context, batch *queue.Batch) error {
+			l.record(batch, func(int) bool { return false })
+			return nil
+		})
+	start := time.Now()
+	for i := range n {
+		if err := pub.Publish(t.Context(), queue.Message{RoutingKey: q, MessageID: fmt.Sprintf("m%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(gap) // the trickle itself, not a wait for anything
+	}
+	took := time.Since(start)
+	l.drainThenStop(t, r, n)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	// Each batch closes at most linger after its first wait: a trickle over
+	// took needs about took/linger of them. Half that leaves room for a slow
+	// machine; a linger restarted by every arrival makes one or two.
+	if want := int(took / linger / 2); len(l.batches) < want {
+		t.Errorf("%d messages over %s came in %d batches %v, want at least %d with a %s linger",
+			n, took.Round(time.Millisecond), len(l.batches), l.batches, want, linger)
+	}
+}
+
+// A graceful stop gives a held batch back once, after cancelling the
+// consumer. Given back before, the broker delivers it straight back to the
+// consumer that is stopping, which gives it back a second time: two
+// deliveries counted against a quorum queue's delivery-limit for one.
+func TestGracefulStopGivesAHeldBatchBackOnce(t *testing.T) {
+	for _, conc := range []int{1, 4} {
+		t.Run(fmt.Sprintf("concurrency=%d", conc), func(t *testing.T) {
+			b := newBroker(t)
+			q := b.queueName()
+			// Quorum queues count every return in x-delivery-count.
+			args := amqp.Table{"x-queue-type": "quorum"}
+			pub := newPublisher(t, queue.PublisherConfig{})
+			if err := pub.Declare(t.Context(), q, args); err != nil {
+				t.Skipf("no quorum queue on this broker: %v", err)
+			}
+			const n = 8
+			fill(t, pub, q, n)
+
+			held := make(chan struct{}, n)
+			_, r := startConsumer(t, queue.ConsumerConfig{
+				Queue: q, QueueArgs: args, Prefetch: 100, MaxBatch: 2, Concurrency: conc,
+				Backoff: queue.Backoff{Min: time.Minute, Max: time.Minute},
+			}, func(_ context.Context, batch *queue.Batch) error {
+				if batch.Attempt == 1 {
+					held <- struct{}{}
+				}
+				return errBoom // held, waiting a minute for its retry
+			})
+			for range conc {
+				receive(t, held, 10*time.Second, "a held batch in every slot")
+			}
+			r.stop(t, 10*time.Second)
+
+			ch := b.channel()
+			defer ch.Close()
+			for range n {
+				m, ok, err := ch.Get(q, true)
+				if err != nil || !ok {
+					t.Fatalf("get: %v, %v", ok, err)
+				}
+				// Delivered once, given back once.
+				if k, _ := m.Headers["x-delivery-count"].(int64); k != 1 {
+					t.Errorf("%s: x-delivery-count %v, want 1", m.MessageId, m.Headers["x-delivery-count"])
+				}
+			}
+		})
 	}
 }

@@ -242,7 +242,8 @@ func (r *running) stop(t testing.TB, within time.Duration) time.Duration {
 			t.Errorf("Consume returned %v", err)
 		}
 	case <-time.After(within):
-		t.Fatalf("Consume did not return within %s of cancel", within)
+		// Errorf, not Fatalf: some tests stop from another goroutine.
+		t.Errorf("Consume did not return within %s of cancel", within)
 	}
 	return time.Since(start)
 }
@@ -424,3 +425,14 @@ func (tr *transitions) reconnected() bool {
 }
 
 var errBoom = errors.New("boom: pretend Redis is down")
+
+// drainThenStop waits until n deliveries are acked, stops the consumer and
+// checks that each of the n messages was handled exactly once.
+func (l *ledger) drainThenStop(t *testing.T, r *running, n int) {
+	t.Helper()
+	if !eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
+		t.Fatalf("acked %d of %d", l.ackedCount(), n)
+	}
+	r.stop(t, 10*time.Second)
+	l.exactlyOnce(t, n)
+}

@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -121,5 +122,34 @@ func TestConnStateLogsOutagesNotRetries(t *testing.T) {
 	}
 	if !slices.Equal(ups, []bool{true, false, true}) {
 		t.Errorf("hook saw %v, want up, down, up", ups)
+	}
+}
+
+// TestCauseOfAClosedChannelIsItsClose: when a channel shuts down, amqp091
+// closes the cancel listeners along with the close listeners; a closed
+// cancel listener is not a broker-side cancel, and must not be reported as
+// one (a network cut logged as "queue deleted?").
+func TestCauseOfAClosedChannelIsItsClose(t *testing.T) {
+	closeErr := errors.New(`channel closed: Exception (501) Reason: "EOF"`)
+	for range 100 {
+		s := &session{cancels: make(chan string, 1)}
+		s.deadCtx, s.markDead = context.WithCancel(context.Background())
+		close(s.cancels) // before the watcher saw the close, or after: either way
+		go func() {
+			s.closeErr = closeErr
+			s.markDead()
+		}()
+		if err := s.cause(); err != closeErr {
+			t.Fatalf("cause() = %v, want the channel's close %v", err, closeErr)
+		}
+	}
+
+	// A real broker-side cancel, on a channel that lives, is reported as such.
+	s := &session{cancels: make(chan string, 1)}
+	s.deadCtx, s.markDead = context.WithCancel(context.Background())
+	defer s.markDead()
+	s.cancels <- "klaxon-consumer-x"
+	if err := s.cause(); err == nil || !strings.Contains(err.Error(), "broker cancelled consumer klaxon-consumer-x") {
+		t.Errorf("cause() = %v, want the broker's cancel", err)
 	}
 }
