@@ -197,14 +197,23 @@ func (p *Publisher) Declare(ctx context.Context, name string, args amqp.Table) e
 // lettering through the default exchange). A queue has one TTL, so each
 // retry delay needs its own queue (per-message TTLs would expire only at the
 // head of the queue, holding short delays behind long ones).
+//
+// It is a quorum queue with at-least-once dead lettering: a classic queue
+// dead-letters at most once, and a message expiring while the broker shuts
+// down is lost there, with the job it carried. At-least-once needs the
+// reject-publish overflow; a message moved twice is a job handled twice,
+// which the deliverer's claims make harmless.
 func (p *Publisher) DeclareDelay(ctx context.Context, name, target string, ttl time.Duration) error {
 	if ttl < time.Millisecond {
 		return fmt.Errorf("delay queue %q: ttl %s is below 1 ms", name, ttl)
 	}
 	return p.Declare(ctx, name, amqp.Table{
+		"x-queue-type":              "quorum",
 		"x-message-ttl":             ttl.Milliseconds(),
 		"x-dead-letter-exchange":    "",
 		"x-dead-letter-routing-key": target,
+		"x-dead-letter-strategy":    "at-least-once",
+		"x-overflow":                "reject-publish",
 	})
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -143,6 +144,16 @@ func TestDelayQueueMovesMessagesToTarget(t *testing.T) {
 	}
 	if got := b.ready(delay); got != 0 {
 		t.Errorf("delay queue still holds %d", got)
+	}
+	// A quorum queue, which dead-letters at least once: a classic one loses
+	// a message that expires while the broker shuts down. The broker
+	// refuses a declare of another type.
+	_, err := b.channel().QueueDeclare(delay, true, false, false, false, amqp.Table{
+		"x-queue-type": "classic", "x-message-ttl": int64(200), "x-dead-letter-exchange": "",
+		"x-dead-letter-routing-key": q, "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
+	})
+	if err == nil || !strings.Contains(err.Error(), "quorum") {
+		t.Errorf("declaring the delay queue as classic: %v, want a refusal naming its quorum type", err)
 	}
 }
 
