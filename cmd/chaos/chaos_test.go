@@ -69,6 +69,12 @@ func TestExactlyOneNotificationUnderCrashes(t *testing.T) {
 	if res.Failed != 0 || res.Dead != 0 {
 		t.Errorf("%d failed notifications, %d dead letters: want none", res.Failed, res.Dead)
 	}
+	if res.Repeats != res.RepeatsAfterKill {
+		t.Errorf("%d of %d repeats not explained by a SIGKILL in the crash window: %+v", res.Repeats-res.RepeatsAfterKill, res.Repeats, res.Repeated)
+	}
+	if !res.OK() && !t.Failed() {
+		t.Errorf("the run is not OK: %+v", res)
+	}
 	// The run must have tested something.
 	if res.Kills < 10 || res.Expected < 200 || res.GroupsKept < 100 {
 		t.Errorf("a weak run: %d kills, %d expected notifications, %d groups kept", res.Kills, res.Expected, res.GroupsKept)

@@ -267,6 +267,18 @@ func (f *fleet) killTime(name string) time.Time {
 	return time.Time{}
 }
 
+// killedBetween reports whether any process was SIGKILLed within [from, to].
+func (f *fleet) killedBetween(from, to time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, w := range f.all {
+		if !w.killedAt.IsZero() && !w.killedAt.Before(from) && !w.killedAt.After(to) {
+			return true
+		}
+	}
+	return false
+}
+
 // counts returns how many processes were started and killed, and what
 // exited unexpectedly.
 func (f *fleet) counts() (starts, kills int, unexpected []string) {

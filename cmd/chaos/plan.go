@@ -187,6 +187,12 @@ func makePlan(seed uint64, runID string, events, groups int, rulesOf map[string]
 			continue
 		}
 		for _, f := range fired {
+			// Two firings under one id would be one notification expected
+			// for two: the missing one could never be missed.
+			if old, ok := p.Expected[f.ID]; ok {
+				return nil, fmt.Errorf("firings %s/%s@%s and %s/%s@%s of %s share the id %s", old.GroupHash, old.RuleID,
+					old.At.UTC().Format(time.RFC3339Nano), f.GroupHash, f.RuleID, f.At.UTC().Format(time.RFC3339Nano), f.ProjectID, f.ID)
+			}
 			p.Expected[f.ID] = f
 		}
 		kept = append(kept, gr)
@@ -360,7 +366,7 @@ func modelFirings(gr *group, order []message, projectRules []*rules.Rule) ([]fir
 		for _, o := range res.Outcomes {
 			if o.Fired {
 				out = append(out, firing{
-					ID:        counter.FiringID(hm.ProjectID, o.Rule.ID, hm.Event.GroupHash, o.At),
+					ID:        firingID(hm.ProjectID, o.Rule.ID, hm.Event.GroupHash, o.At),
 					ProjectID: hm.ProjectID, RuleID: o.Rule.ID, GroupHash: hm.Event.GroupHash, At: o.At,
 				})
 			}
@@ -369,6 +375,10 @@ func modelFirings(gr *group, order []message, projectRules []*rules.Rule) ([]fir
 	slices.SortFunc(out, func(a, b firing) int { return strings.Compare(a.ID, b.ID) })
 	return out, nil
 }
+
+// firingID is counter.FiringID, the id the workers give a firing; a
+// variable so a test can break it.
+var firingID = counter.FiringID
 
 func ids(fs []firing) []string {
 	out := make([]string, len(fs))

@@ -14,10 +14,12 @@ import (
 
 // request is one webhook request the sink received.
 type request struct {
-	Key  string // Idempotency-Key
-	Body []byte
-	At   time.Time
-	from *lookup // who sent it
+	Key    string // Idempotency-Key
+	Body   []byte
+	At     time.Time
+	Method string
+	Path   string
+	from   *lookup // who sent it
 }
 
 // Sender is the worker process that sent the request ("w2#5": slot 2, fifth
@@ -37,6 +39,7 @@ func (r request) Sender() string {
 // lookup is the search for the process behind one connection.
 type lookup struct {
 	client, server netip.AddrPort
+	accepted       time.Time // when the sink accepted the connection
 	done           chan struct{}
 	sender         string // set before done closes
 }
@@ -71,10 +74,10 @@ func newSink(workers func() map[int]string) (*sink, error) {
 	s := &sink{workers: workers,
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), stopped: make(chan struct{})}
 	s.URL = "http://" + ln.Addr().String() + "/hook"
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /hook", s.serve)
 	s.srv = &http.Server{
-		Handler:           mux,
+		// Every request, whatever its method or path: one a worker sends
+		// elsewhere is a finding, not a 404 left uncounted.
+		Handler:           http.HandlerFunc(s.serve),
 		ReadHeaderTimeout: 5 * time.Second,
 		// The client is alive while it connects: look it up now, before a
 		// kill can take it away, but off the accept loop (resolve).
@@ -84,7 +87,7 @@ func newSink(workers func() map[int]string) (*sink, error) {
 			if !cok || !sok || s.workers == nil {
 				return ctx
 			}
-			l := &lookup{client: client.AddrPort(), server: server.AddrPort(), done: make(chan struct{})}
+			l := &lookup{client: client.AddrPort(), server: server.AddrPort(), accepted: time.Now(), done: make(chan struct{})}
 			s.mu.Lock()
 			s.pending = append(s.pending, l)
 			s.mu.Unlock()
@@ -118,7 +121,8 @@ func (s *sink) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	now := time.Now()
 	s.mu.Lock()
-	s.reqs = append(s.reqs, request{Key: r.Header.Get("Idempotency-Key"), Body: body, At: now, from: from})
+	s.reqs = append(s.reqs, request{Key: r.Header.Get("Idempotency-Key"), Body: body, At: now,
+		Method: r.Method, Path: r.URL.Path, from: from})
 	s.last = now
 	s.mu.Unlock()
 	w.WriteHeader(http.StatusOK)
