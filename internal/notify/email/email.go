@@ -14,6 +14,7 @@ import (
 	"net/mail"
 	"net/smtp"
 	"net/textproto"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -125,7 +126,9 @@ func New(cfg Config) (*Notifier, error) {
 // replies and connection or TLS failures are worth retrying; 5xx replies
 // are not. When the server refuses some recipients with 5xx and accepts
 // others, the message goes to those it accepted and the error names the
-// rest, without retry: a retry would repeat the message to the others.
+// rest, without retry: a retry would repeat the message to the others. So
+// does a failure in a later transaction, when a server that takes only so
+// many recipients per message had the list split.
 func (n *Notifier) Notify(ctx context.Context, endpoint string, m *notify.Message) (retry bool, err error) {
 	if err := notify.CheckMessage(m); err != nil {
 		return false, err
@@ -140,7 +143,7 @@ func (n *Notifier) Notify(ctx context.Context, endpoint string, m *notify.Messag
 	}
 	rcpts := make([]string, len(to))
 	for i, a := range to {
-		rcpts[i] = a.Address
+		rcpts[i] = smtpPath(a)
 	}
 	ctx, cancel := context.WithTimeout(ctx, n.timeout)
 	defer cancel()
@@ -148,29 +151,56 @@ func (n *Notifier) Notify(ctx context.Context, endpoint string, m *notify.Messag
 }
 
 // parseRecipients reads "a@x.io, Bob <b@y.io>", tolerating stray commas.
+// An address given twice (in any case) is kept once: a server that does not
+// merge repeated RCPT TO would deliver the message once for each.
 func parseRecipients(endpoint string) ([]*mail.Address, error) {
-	if list, err := mail.ParseAddressList(endpoint); err == nil {
-		return list, nil
-	}
-	var list []*mail.Address
-	for _, s := range strings.Split(endpoint, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
+	list, err := mail.ParseAddressList(endpoint)
+	if err != nil {
+		list = nil
+		for _, s := range strings.Split(endpoint, ",") {
+			if s = strings.TrimSpace(s); s == "" {
+				continue
+			}
+			a, err := mail.ParseAddress(s)
+			if err != nil {
+				return nil, fmt.Errorf("email: recipient %q: %w", s, err)
+			}
+			list = append(list, a)
 		}
-		a, err := mail.ParseAddress(s)
-		if err != nil {
-			return nil, fmt.Errorf("email: recipient %q: %w", s, err)
-		}
-		list = append(list, a)
 	}
-	if len(list) == 0 {
+	seen := make(map[string]bool, len(list))
+	unique := list[:0]
+	for _, a := range list {
+		if key := strings.ToLower(a.Address); !seen[key] {
+			seen[key] = true
+			unique = append(unique, a)
+		}
+	}
+	if len(unique) == 0 {
 		return nil, errors.New("email: no recipient address")
 	}
-	return list, nil
+	return unique, nil
 }
+
+// smtpPath is a's address as MAIL FROM and RCPT TO want it: a local part
+// such as "a b" keeps its quotes, which mail.Address.Address drops.
+func smtpPath(a *mail.Address) string {
+	s := (&mail.Address{Address: a.Address}).String()
+	return strings.TrimSuffix(strings.TrimPrefix(s, "<"), ">")
+}
+
+// A digest's mail is bounded: a server refuses a message over its size
+// limit (often 10–25 MB) for good, which would lose every firing in it.
+const (
+	maxDigestItems = 500
+	maxLine        = 300 // a title or detail line, in bytes
+)
 
 func (n *Notifier) compose(to []*mail.Address, m *notify.Message) (*gomail.Message, error) {
 	v := notify.Render(m)
+	if m.Digest {
+		v = bounded(v)
+	}
 	var html bytes.Buffer
 	if err := n.page.Execute(&html, v); err != nil {
 		return nil, fmt.Errorf("email: render HTML: %w", err)
@@ -182,7 +212,9 @@ func (n *Notifier) compose(to []*mail.Address, m *notify.Message) (*gomail.Messa
 		addrs[i] = a.String()
 	}
 	gm.SetHeader("To", addrs...)
-	gm.SetHeader("Subject", "[Klaxon] "+v.Subject)
+	// Encoded, a CR or LF would still come back when the subject is
+	// decoded: a rule id in a digest's subject is not made one line.
+	gm.SetHeader("Subject", "[Klaxon] "+notify.OneLine(v.Subject))
 	gm.SetHeader("X-Klaxon-Notification-Id", m.ID)
 	// A Message-ID derived from the notification id lets mail systems
 	// collapse the one repeat a crash may cause.
@@ -194,6 +226,27 @@ func (n *Notifier) compose(to []*mail.Address, m *notify.Message) (*gomail.Messa
 	gm.SetBody("text/plain", v.Text()+"\n")
 	gm.AddAlternative("text/html", html.String())
 	return gm, nil
+}
+
+// bounded shortens a digest's view to at most maxDigestItems firings of
+// short lines, saying how many more there were.
+func bounded(v notify.View) notify.View {
+	if more := len(v.Items) - maxDigestItems; more > 0 {
+		v.Items = v.Items[:maxDigestItems:maxDigestItems]
+		v.Footer = fmt.Sprintf("… and %d more not shown here. %s", more, v.Footer)
+	}
+	items := make([]notify.Item, len(v.Items))
+	for i, it := range v.Items {
+		it.Title = notify.Truncate(it.Title, maxLine)
+		details := make([]string, len(it.Details))
+		for j, d := range it.Details {
+			details[j] = notify.Truncate(d, maxLine)
+		}
+		it.Details = details
+		items[i] = it
+	}
+	v.Items = items
+	return v
 }
 
 func messageID(id, from string) string {
@@ -220,10 +273,12 @@ func (n *Notifier) send(ctx context.Context, to []string, msg *gomail.Message) (
 	}
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	defer stop()
+	var sent []string // recipients that have the message
 	defer func() {
 		if err != nil && ctx.Err() != nil {
 			err = fmt.Errorf("email: %w: %w", ctx.Err(), err)
-			retry = true
+			// A retry would repeat the message to those that have it.
+			retry = len(sent) == 0
 		}
 	}()
 	if n.mode == TLSImplicit {
@@ -240,10 +295,14 @@ func (n *Notifier) send(ctx context.Context, to []string, msg *gomail.Message) (
 		return classify("greeting", err)
 	}
 	defer c.Close()
-	if n.cfg.LocalName != "" {
-		if err := c.Hello(n.cfg.LocalName); err != nil {
-			return classify("EHLO", err)
-		}
+	// Said now, so that a refused EHLO is reported as such, not as a
+	// missing extension by c.Extension, which hides the error.
+	localName := n.cfg.LocalName
+	if localName == "" {
+		localName = "localhost"
+	}
+	if err := c.Hello(localName); err != nil {
+		return classify("EHLO", err)
 	}
 	if n.mode == TLSStartTLS {
 		if ok, _ := c.Extension("STARTTLS"); !ok {
@@ -262,33 +321,51 @@ func (n *Notifier) send(ctx context.Context, to []string, msg *gomail.Message) (
 			return classify("AUTH", err)
 		}
 	}
-	if err := c.Mail(n.from.Address); err != nil {
-		return classify("MAIL FROM", err)
+	// partial reports a failure once some recipients have the message: a
+	// retry would repeat it to them, so the others are named, not retried.
+	partial := func(retry bool, err error, unsent ...string) (bool, error) {
+		if len(sent) == 0 {
+			return retry, err
+		}
+		return false, fmt.Errorf("email: sent to %d of %d recipients, but not to %s: %w", len(sent), len(to), strings.Join(unsent, ", "), err)
 	}
 	var refused []string
-	for _, addr := range to {
-		err := c.Rcpt(addr)
-		if err == nil {
-			continue
+	// One transaction, unless the server takes fewer recipients per message:
+	// then those it took get the message and the rest follow in the next
+	// transaction (RFC 5321 §4.5.3.1.10).
+	for rest := to; len(rest) > 0; {
+		if err := c.Mail(smtpPath(n.from)); err != nil {
+			retry, err := classify("MAIL FROM", err)
+			return partial(retry, err, rest...)
 		}
-		if retry, err := classify("RCPT TO", err); retry {
-			return true, err
+		var accepted []string
+		for len(rest) > 0 {
+			err := c.Rcpt(rest[0])
+			if err != nil && len(accepted) > 0 && tooManyRecipients(err) {
+				break
+			}
+			addr := rest[0]
+			rest = rest[1:]
+			if err == nil {
+				accepted = append(accepted, addr)
+				continue
+			}
+			if retry, err := classify("RCPT TO", err); retry {
+				return partial(true, err, slices.Concat(accepted, []string{addr}, rest)...)
+			}
+			refused = append(refused, fmt.Sprintf("%s (%v)", addr, err))
 		}
-		refused = append(refused, fmt.Sprintf("%s (%v)", addr, err))
+		if len(accepted) == 0 {
+			break // every one left was refused
+		}
+		if err := data(c, msg); err != nil {
+			retry, err := classify("DATA", err)
+			return partial(retry, err, slices.Concat(accepted, rest)...)
+		}
+		sent = append(sent, accepted...)
 	}
-	if len(refused) == len(to) {
+	if len(sent) == 0 {
 		return false, fmt.Errorf("email: every recipient refused: %s", strings.Join(refused, "; "))
-	}
-	w, err := c.Data()
-	if err != nil {
-		return classify("DATA", err)
-	}
-	if _, err := msg.WriteTo(w); err != nil {
-		_ = w.Close()
-		return classify("DATA", err)
-	}
-	if err := w.Close(); err != nil {
-		return classify("DATA", err)
 	}
 	// The server has the message: a failed QUIT changes nothing.
 	_ = c.Quit()
@@ -296,6 +373,32 @@ func (n *Notifier) send(ctx context.Context, to []string, msg *gomail.Message) (
 		return false, fmt.Errorf("email: sent, but some recipients refused: %s", strings.Join(refused, "; "))
 	}
 	return false, nil
+}
+
+// data sends msg in the current transaction, and returns the server's
+// answer to its end.
+func data(c *smtp.Client, msg *gomail.Message) error {
+	w, err := c.Data()
+	if err != nil {
+		return err
+	}
+	if _, err := msg.WriteTo(w); err != nil {
+		_ = w.Close()
+		return err
+	}
+	return w.Close()
+}
+
+// tooManyRecipients reports whether err is a refusal of one more RCPT TO
+// in this transaction: 452, or 552 from servers that follow RFC 821, with
+// enhanced status X.5.3 or saying so.
+func tooManyRecipients(err error) bool {
+	var reply *textproto.Error
+	if !errors.As(err, &reply) || reply.Code != 452 && reply.Code != 552 {
+		return false
+	}
+	return strings.HasPrefix(reply.Msg, "4.5.3") || strings.HasPrefix(reply.Msg, "5.5.3") ||
+		strings.Contains(strings.ToLower(reply.Msg), "too many recipients")
 }
 
 // classify decides on an SMTP reply: 4xx is worth retrying, 5xx is not.

@@ -113,6 +113,31 @@ func TestDigest(t *testing.T) {
 	}
 }
 
+// A huge digest stays a mail a server takes: at most 500 firings of short
+// lines, and the count of the rest.
+func TestHugeDigestIsBounded(t *testing.T) {
+	srv := notifytest.NewSMTPServer(t, notifytest.SMTPOptions{})
+	m := &notify.Message{ID: "d-big", ProjectID: "p", RuleID: "r", Digest: true}
+	for i := range 20_000 {
+		m.Notifications = append(m.Notifications, threshold(fmt.Sprint("n-", i), fmt.Sprint("Error ", i, " ", strings.Repeat("x", 500))))
+	}
+	if _, err := newNotifier(t, email.Config{Addr: srv.Addr, TLS: email.TLSNone}).Notify(context.Background(), "dev@example.com", m); err != nil {
+		t.Fatal(err)
+	}
+	got := onlyMessage(t, srv)
+	if len(got.Data) > 2<<20 {
+		t.Errorf("digest mail of %d bytes, want at most 2 MiB", len(got.Data))
+	}
+	parts, _ := got.Parts()
+	text := parts["text/plain"]
+	if n := strings.Count(text, "\n• Error "); n != 500 {
+		t.Errorf("text part lists %d firings, want 500", n)
+	}
+	if !strings.Contains(text, "and 19500 more not shown here") {
+		t.Errorf("text part does not say how many more:\n%.300s", text[len(text)-300:])
+	}
+}
+
 func TestNoneIsReallyPlain(t *testing.T) {
 	// The server offers STARTTLS; TLS mode none must not take it.
 	srv := notifytest.NewSMTPServer(t, notifytest.SMTPOptions{StartTLS: true})
@@ -274,5 +299,188 @@ func TestNewChecksConfig(t *testing.T) {
 	}
 	if _, err := email.New(email.Config{Addr: "127.0.0.1:25", From: "a@example.com", TLS: email.TLSNone, Username: "u", Password: "p"}); err != nil {
 		t.Errorf("plain AUTH to localhost: %v", err)
+	}
+}
+
+func TestSMTPStages(t *testing.T) {
+	// Each reply at each stage, and connections dropped: 4xx and a lost
+	// connection are retried, 5xx are not, and nothing counts as sent.
+	for _, tc := range []struct {
+		script map[string]string
+		retry  bool
+		want   string
+	}{
+		{map[string]string{"greeting": "421 4.3.2 Busy"}, true, "421"},
+		{map[string]string{"greeting": "554 5.7.1 No service"}, false, "554"},
+		{map[string]string{"EHLO": "421 4.3.2 Busy", "HELO": "421 4.3.2 Busy"}, true, "421"},
+		{map[string]string{"EHLO": "550 5.7.1 Bad HELO", "HELO": "550 5.7.1 Bad HELO"}, false, "550"},
+		{map[string]string{"MAIL": "451 4.3.0 Later"}, true, "451"},
+		{map[string]string{"MAIL": "553 5.1.8 Bad sender"}, false, "553"},
+		{map[string]string{"RCPT": "450 4.2.1 Busy"}, true, "450"},
+		{map[string]string{"RCPT": "550 5.1.1 No such user"}, false, "550"},
+		{map[string]string{"DATA": "451 4.3.0 Later"}, true, "451"},
+		{map[string]string{"DATA": "554 5.5.1 No valid recipients"}, false, "554"},
+		{map[string]string{".": "452 4.3.1 Storage"}, true, "452"},
+		{map[string]string{".": "552 5.3.4 Too big"}, false, "552"},
+		{map[string]string{"RCPT": notifytest.Drop}, true, "RCPT"},
+		{map[string]string{"DATA": notifytest.Drop}, true, "DATA"},
+		{map[string]string{".": notifytest.Drop}, true, "DATA"},
+	} {
+		for _, cfg := range []email.Config{
+			{TLS: email.TLSNone},
+			// The plain server offers neither STARTTLS nor AUTH: a refused
+			// EHLO must not be reported as a missing extension.
+			{TLS: email.TLSStartTLS},
+			{TLS: email.TLSNone, Username: "klaxon", Password: "pw"},
+		} {
+			if cfg.TLS == email.TLSStartTLS || cfg.Username != "" {
+				if _, ehlo := tc.script["EHLO"]; !ehlo {
+					continue // they stop at the missing extension
+				}
+			}
+			srv := notifytest.NewScriptedSMTPServer(t, tc.script)
+			cfg.Addr = srv.Addr
+			n := newNotifier(t, cfg)
+			retry, err := n.Notify(context.Background(), "dev@example.com", single(threshold("n-1", "A")))
+			if err == nil || retry != tc.retry || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%v, TLS %s, user %q: Notify = %t, %v; want retry %t and an error with %q", tc.script, cfg.TLS, cfg.Username, retry, err, tc.retry, tc.want)
+			}
+			if len(srv.Messages()) != 0 {
+				t.Errorf("%v: the server accepted the message", tc.script)
+			}
+		}
+	}
+}
+
+func TestSendTimeout(t *testing.T) {
+	// KLAXON_SEND_TIMEOUT bounds the session even when the caller's context
+	// has no deadline, whichever reply the server holds back.
+	for _, stage := range []string{"greeting", "EHLO", "RCPT", "DATA", "."} {
+		srv := notifytest.NewScriptedSMTPServer(t, map[string]string{stage: notifytest.Stall})
+		n := newNotifier(t, email.Config{Addr: srv.Addr, TLS: email.TLSNone, Timeout: 100 * time.Millisecond})
+		start := time.Now()
+		retry, err := n.Notify(context.Background(), "dev@example.com", single(threshold("n-1", "A")))
+		if err == nil || !retry || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("%s held back: Notify = %t, %v; want a retryable deadline error", stage, retry, err)
+		}
+		if took := time.Since(start); took > 5*time.Second {
+			t.Errorf("%s held back: Notify took %s with a 100ms timeout", stage, took)
+		}
+	}
+}
+
+func TestRecipientLimit(t *testing.T) {
+	// A server that takes 3 recipients per message answers the 4th RCPT
+	// with 452 4.5.3: the message goes to those 3, and the rest follow in
+	// further transactions, rather than retrying for ever.
+	srv := notifytest.NewSMTPServer(t, notifytest.SMTPOptions{MaxRecipients: 3})
+	var to []string
+	for i := range 7 {
+		to = append(to, fmt.Sprintf("u%d@example.com", i))
+	}
+	n := newNotifier(t, email.Config{Addr: srv.Addr, TLS: email.TLSNone})
+	if retry, err := n.Notify(context.Background(), strings.Join(to, ", "), single(threshold("n-1", "A"))); err != nil {
+		t.Fatalf("Notify = %t, %v", retry, err)
+	}
+	var got []string
+	for _, m := range srv.Messages() {
+		got = append(got, m.To...)
+		msg, err := m.Parse()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if id := msg.Header.Get("X-Klaxon-Notification-Id"); id != "n-1" {
+			t.Errorf("X-Klaxon-Notification-Id = %q", id)
+		}
+	}
+	if !slices.Equal(got, to) {
+		t.Errorf("delivered to %q, want each of %q once", got, to)
+	}
+
+	// Once some have it, a deferred recipient in a later transaction is
+	// reported, not retried: a retry would repeat the message to the others.
+	srv = notifytest.NewSMTPServer(t, notifytest.SMTPOptions{MaxRecipients: 2})
+	srv.RejectRecipient("later@example.com", notifytest.SMTPFailure{Code: 450})
+	n = newNotifier(t, email.Config{Addr: srv.Addr, TLS: email.TLSNone})
+	retry, err := n.Notify(context.Background(), "a@example.com, b@example.com, later@example.com", single(threshold("n-2", "A")))
+	if err == nil || retry || !strings.Contains(err.Error(), "later@example.com") || strings.Contains(err.Error(), "b@example.com") {
+		t.Errorf("Notify = %t, %v; want a permanent error naming only the deferred recipient", retry, err)
+	}
+	if m := onlyMessage(t, srv); !slices.Equal(m.To, []string{"a@example.com", "b@example.com"}) {
+		t.Errorf("delivered to %q", m.To)
+	}
+}
+
+func TestDuplicateRecipients(t *testing.T) {
+	srv := notifytest.NewSMTPServer(t, notifytest.SMTPOptions{})
+	n := newNotifier(t, email.Config{Addr: srv.Addr, TLS: email.TLSNone})
+	if _, err := n.Notify(context.Background(), "dev@example.com, b@example.com, DEV@Example.com, Dev <dev@example.com>", single(threshold("n-1", "A"))); err != nil {
+		t.Fatal(err)
+	}
+	m := onlyMessage(t, srv)
+	if !slices.Equal(m.To, []string{"dev@example.com", "b@example.com"}) {
+		t.Errorf("RCPT TO %q, want each address once", m.To)
+	}
+	msg, _ := m.Parse()
+	if to := msg.Header.Get("To"); strings.Count(strings.ToLower(to), "dev@example.com") != 1 {
+		t.Errorf("To = %q, want dev@example.com once", to)
+	}
+}
+
+func TestQuotedLocalPart(t *testing.T) {
+	// "a b"@example.com is a valid address; RCPT TO:<a b@example.com> is not.
+	srv := notifytest.NewSMTPServer(t, notifytest.SMTPOptions{})
+	n := newNotifier(t, email.Config{Addr: srv.Addr, TLS: email.TLSNone})
+	if retry, err := n.Notify(context.Background(), `"a b"@example.com`, single(threshold("n-1", "A"))); err != nil {
+		t.Fatalf("Notify = %t, %v", retry, err)
+	}
+	if m := onlyMessage(t, srv); len(m.To) != 1 || !strings.Contains(m.To[0], "a b") {
+		t.Errorf("RCPT TO %q", m.To)
+	}
+}
+
+func TestSubjectIsOneLine(t *testing.T) {
+	// Encoded-words keep a CR LF out of the raw header, but a decoded
+	// subject must not carry one either (a rule id is not made one line).
+	srv := notifytest.NewSMTPServer(t, notifytest.SMTPOptions{})
+	m := &notify.Message{ID: "d-1", ProjectID: "p", RuleID: "r\r\nBcc: evil@example.com", Digest: true,
+		Notifications: []notify.Notification{threshold("n-1", "Érror\r\nX-Evil: 1")}}
+	if _, err := newNotifier(t, email.Config{Addr: srv.Addr, TLS: email.TLSNone}).Notify(context.Background(), "dev@example.com", m); err != nil {
+		t.Fatal(err)
+	}
+	msg, err := onlyMessage(t, srv).Parse()
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject, err := new(mime.WordDecoder).DecodeHeader(msg.Header.Get("Subject"))
+	if err != nil || strings.ContainsAny(subject, "\r\n") || !strings.Contains(subject, "Érror") {
+		t.Errorf("Subject = %q (%v), want the title on one line", subject, err)
+	}
+	if msg.Header.Get("Bcc") != "" || msg.Header.Get("X-Evil") != "" {
+		t.Errorf("injected header: %v", msg.Header)
+	}
+}
+
+func TestIDsStableAcrossRetries(t *testing.T) {
+	srv := notifytest.NewSMTPServer(t, notifytest.SMTPOptions{})
+	srv.Fail(notifytest.SMTPFailure{Code: 451})
+	n := newNotifier(t, email.Config{Addr: srv.Addr, TLS: email.TLSNone})
+	m := single(threshold("0123abcd", "A"))
+	if retry, err := n.Notify(context.Background(), "dev@example.com", m); err == nil || !retry {
+		t.Fatalf("Notify = %t, %v; want a retryable error", retry, err)
+	}
+	for range 2 {
+		if _, err := n.Notify(context.Background(), "dev@example.com", m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	msgs := srv.Messages()
+	var ids []string
+	for _, got := range msgs {
+		msg, _ := got.Parse()
+		ids = append(ids, msg.Header.Get("X-Klaxon-Notification-Id")+" "+msg.Header.Get("Message-ID"))
+	}
+	if len(ids) != 2 || ids[0] != ids[1] || ids[0] != "0123abcd <0123abcd.klaxon@example.com>" {
+		t.Errorf("ids = %q, want the same notification id and Message-ID each time", ids)
 	}
 }

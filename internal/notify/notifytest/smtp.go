@@ -19,6 +19,7 @@ import (
 	"mime/quotedprintable"
 	"net"
 	"net/mail"
+	"net/textproto"
 	"slices"
 	"strings"
 	"sync"
@@ -60,6 +61,9 @@ type SMTPOptions struct {
 	// ImplicitTLS makes the server speak TLS from the first byte, as on
 	// port 465.
 	ImplicitTLS bool
+	// MaxRecipients, when positive, limits the RCPT TO commands of one
+	// transaction; the next ones get "452 4.5.3" (RFC 5321 §4.5.3.1.10).
+	MaxRecipients int
 }
 
 // SMTPMessage is one message the server accepted.
@@ -93,6 +97,7 @@ func NewSMTPServer(t testing.TB, opts SMTPOptions) *SMTPServer {
 	srv.ReadTimeout = 10 * time.Second
 	srv.WriteTimeout = 10 * time.Second
 	srv.ErrorLog = log.New(io.Discard, "", 0)
+	srv.MaxRecipients = opts.MaxRecipients
 
 	listen := func() (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") }
 	if opts.StartTLS || opts.ImplicitTLS {
@@ -344,4 +349,149 @@ func selfSigned() (server, client *tls.Config, err error) {
 	pool.AddCert(cert)
 	server = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key, Leaf: cert}}}
 	return server, &tls.Config{RootCAs: pool}, nil
+}
+
+// ScriptedSMTPServer is a bare SMTP server on 127.0.0.1 whose every reply can
+// be scripted, for answers go-smtp will not give: a refused greeting, EHLO
+// or DATA command, or a connection dropped in the middle of a message. It
+// speaks plain SMTP only, without extensions.
+type ScriptedSMTPServer struct {
+	// Addr is host:port to connect to.
+	Addr string
+
+	replies map[string]string
+	cmds    journal[string]
+	msgs    journal[[]byte]
+}
+
+// Scripted replies that are not replies.
+const (
+	// Drop closes the connection instead of answering. For "." it closes
+	// the connection after the first line of the message.
+	Drop = "drop"
+	// Stall never answers, and reads on until the client hangs up. For "."
+	// it stalls after the end of the message.
+	Stall = "stall"
+)
+
+// NewScriptedSMTPServer starts a ScriptedSMTPServer, closed when the test
+// ends. replies maps "greeting", a command verb ("EHLO", "HELO", "MAIL",
+// "RCPT", "DATA", "QUIT", …) or "." (the end of a message) to the reply,
+// such as "451 4.3.0 Try again later", or to Drop. Those not in replies
+// succeed.
+func NewScriptedSMTPServer(t testing.TB, replies map[string]string) *ScriptedSMTPServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("notifytest: SMTP listen: %v", err)
+	}
+	s := &ScriptedSMTPServer{Addr: ln.Addr().String(), replies: replies}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	conns := map[net.Conn]bool{}
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		for c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns[c] = true
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				s.serve(c)
+			}()
+		}
+	}()
+	return s
+}
+
+// Commands returns the commands received so far, verb and arguments, in
+// order.
+func (s *ScriptedSMTPServer) Commands() []string { return s.cmds.all() }
+
+// Messages returns the content of the messages accepted so far (those whose
+// end was answered with 250).
+func (s *ScriptedSMTPServer) Messages() [][]byte { return s.msgs.all() }
+
+func (s *ScriptedSMTPServer) reply(key, def string) string {
+	if r, ok := s.replies[key]; ok {
+		return r
+	}
+	return def
+}
+
+func (s *ScriptedSMTPServer) serve(c net.Conn) {
+	tc := textproto.NewConn(c)
+	say := func(key, def string) bool {
+		switch r := s.reply(key, def); r {
+		case Drop:
+			return false
+		case Stall:
+			_, _ = io.Copy(io.Discard, tc.R)
+			return false
+		default:
+			return tc.PrintfLine("%s", r) == nil
+		}
+	}
+	if !say("greeting", "220 localhost ESMTP notifytest") {
+		return
+	}
+	for {
+		line, err := tc.ReadLine()
+		if err != nil {
+			return
+		}
+		s.cmds.add(line)
+		verb, _, _ := strings.Cut(line, " ")
+		verb = strings.ToUpper(verb)
+		switch verb {
+		case "EHLO", "HELO":
+			if !say(verb, "250 localhost") {
+				return
+			}
+		case "QUIT":
+			say(verb, "221 2.0.0 Bye")
+			return
+		case "DATA":
+			if !say(verb, "354 Go ahead") {
+				return
+			}
+			if !strings.HasPrefix(s.reply(verb, "354"), "354") {
+				continue
+			}
+			if s.reply(".", "") == Drop {
+				_, _ = tc.ReadLine()
+				return
+			}
+			data, err := tc.ReadDotBytes()
+			if err != nil {
+				return
+			}
+			if r := s.reply(".", "250"); strings.HasPrefix(r, "250") {
+				s.msgs.add(data)
+			}
+			if !say(".", "250 2.0.0 OK queued") {
+				return
+			}
+		default:
+			if !say(verb, "250 2.0.0 OK") {
+				return
+			}
+		}
+	}
 }
