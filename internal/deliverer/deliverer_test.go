@@ -351,7 +351,7 @@ func TestSettledDigestLeavesTheNextInFlight(t *testing.T) {
 	}
 	// Between this worker's flush (which reads n1's digest) and its claim,
 	// that worker drops n1's digest and, a minPeriod later, flushes n2's.
-	rdb.AddHook(&afterScript{sha: d.flush.Hash(), then: func() {
+	rdb.AddHook(&atScript{sha: d.flush.Hash(), after: true, then: func() {
 		world.Del(ctx, keys[2])
 		pend("n2")
 		world.HSet(ctx, keys[0], "last", 0)
@@ -378,32 +378,44 @@ func TestSettledDigestLeavesTheNextInFlight(t *testing.T) {
 	}
 }
 
-// afterScript runs then once, after the script sha ran and before the next
-// pipeline: the moment between a digest's flush and its claim.
-type afterScript struct {
+// atScript runs then once at a chosen moment of a Redis client's traffic:
+// just before the script sha runs, or, with after, between that script and
+// the next command or pipeline (between a digest's flush and its claim).
+// Tests interleave two workers there, deterministically.
+type atScript struct {
 	sha   string
+	after bool
 	then  func()
-	armed atomic.Int32 // 0 waiting for the script, 1 armed, 2 done
+	state atomic.Int32 // 0 waiting for the script, 1 armed (after), 2 done
 }
 
-func (h *afterScript) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *atScript) DialHook(next redis.DialHook) redis.DialHook { return next }
 
-func (h *afterScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h *atScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.fireIfArmed()
+		script := len(cmd.Args()) > 1 && cmd.Args()[1] == h.sha
+		if script && !h.after && h.state.CompareAndSwap(0, 2) {
+			h.then()
+		}
 		err := next(ctx, cmd)
-		if args := cmd.Args(); len(args) > 1 && args[1] == h.sha {
-			h.armed.CompareAndSwap(0, 1)
+		if script && h.after {
+			h.state.CompareAndSwap(0, 1)
 		}
 		return err
 	}
 }
 
-func (h *afterScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h *atScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if h.armed.CompareAndSwap(1, 2) {
-			h.then()
-		}
+		h.fireIfArmed()
 		return next(ctx, cmds)
+	}
+}
+
+func (h *atScript) fireIfArmed() {
+	if h.state.CompareAndSwap(1, 2) {
+		h.then()
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"slices"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -107,28 +106,6 @@ func TestRedeliveredGatheredJobNotSentAgain(t *testing.T) {
 	}
 }
 
-// beforeScript runs then once, just before the script sha runs.
-type beforeScript struct {
-	sha  string
-	then func()
-	done atomic.Bool
-}
-
-func (h *beforeScript) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *beforeScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if args := cmd.Args(); len(args) > 1 && args[1] == h.sha && h.done.CompareAndSwap(false, true) {
-			h.then()
-		}
-		return next(ctx, cmd)
-	}
-}
-
-func (h *beforeScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
 // newTestDeliverer is a deliverer on rdb that consumes nothing, its retry
 // queues declared.
 func newTestDeliverer(t *testing.T, prefix string, rdb redis.UniversalClient, pub *queue.Publisher, ch notify.Channel) *Deliverer {
@@ -172,7 +149,7 @@ func TestFlushTakenByADigestInFlightStillFlushes(t *testing.T) {
 
 	// a sends n1's digest; b reads it and claims it between a's record and
 	// a's drop.
-	a.rdb.AddHook(&beforeScript{sha: a.drop.Hash(), then: func() {
+	a.rdb.AddHook(&atScript{sha: a.drop.Hash(), then: func() {
 		if err := b.deliverDigest(ctx, flush, "b"); err != nil {
 			t.Error(err)
 		}
