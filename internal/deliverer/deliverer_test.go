@@ -2,6 +2,8 @@ package deliverer
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -394,16 +396,30 @@ func (h *atScript) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *atScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		h.fireIfArmed()
-		script := len(cmd.Args()) > 1 && cmd.Args()[1] == h.sha
+		script := h.runs(cmd)
 		if script && !h.after && h.state.CompareAndSwap(0, 2) {
 			h.then()
 		}
 		err := next(ctx, cmd)
-		if script && h.after {
+		// Only once it ran: an EVALSHA answered NOSCRIPT is followed by
+		// the EVAL of the same script, which must not find the moment
+		// already past.
+		if script && h.after && err == nil {
 			h.state.CompareAndSwap(0, 1)
 		}
 		return err
 	}
+}
+
+// runs reports whether cmd runs the script, by EVALSHA or by EVAL.
+func (h *atScript) runs(cmd redis.Cmder) bool {
+	args := cmd.Args()
+	if len(args) < 2 {
+		return false
+	}
+	body, _ := args[1].(string)
+	sum := sha1.Sum([]byte(body))
+	return body == h.sha || hex.EncodeToString(sum[:]) == h.sha
 }
 
 func (h *atScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
