@@ -23,7 +23,7 @@ type algorithm struct {
 }
 
 func algorithms(tb testing.TB, rdb *tripCounter, prefix string, rule *rules.Rule) []algorithm {
-	e := New(rdb.Client, Options{Prefix: prefix})
+	e := New(rdb.Client, Options{Verbose: true, Prefix: prefix})
 	w := rule.Windows[0]
 	perEvent := func(script *redis.Script, key string, extra bool) func(context.Context, []Event) (int, error) {
 		if err := script.Load(context.Background(), rdb.Client).Err(); err != nil {

@@ -28,6 +28,8 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"math/rand/v2"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -56,12 +58,19 @@ func buckets(period time.Duration) int64 {
 
 // Event is one incoming event with the rules it matched.
 type Event struct {
-	// ID identifies the message for de-duplication: a redelivered message
-	// with the same ID neither counts nor fires again, but gets its first
-	// result back. Empty means no de-duplication.
-	ID        string
-	ProjectID string
-	GroupHash string
+	// ID identifies the message (its AMQP message-id, or Hawk's
+	// repetitionId): a redelivery with the same ID neither counts nor fires
+	// again, but gets its first firings back. Empty means the message has
+	// no identity, and every delivery of it counts.
+	ID string
+	// Body is the message as delivered. Without an ID, a copy that the
+	// broker redelivers (Redelivered) counts again and also gets back the
+	// firings a delivery of the same body caused, so that a crash between
+	// counting and publishing the delivery jobs loses no notification.
+	Body        []byte
+	Redelivered bool
+	ProjectID   string
+	GroupHash   string
 	// UserID is counted by rules that count users; empty counts for nothing there.
 	UserID string
 	// Time is when the event happened; zero means Redis' now.
@@ -71,13 +80,15 @@ type Event struct {
 
 // Result is what observing one event decided.
 type Result struct {
-	// Time is when the event counted (its clamped timestamp, or Redis' now).
+	// Time is when the event counted, or would have (a duplicate): its
+	// timestamp clamped to Redis' now, or Redis' now.
 	Time time.Time
 	// Duplicate is true when the event's ID was seen before: nothing was
-	// counted, and the outcomes that fired then are reported as then; the
-	// others are empty (not fired, no counts).
+	// counted, and the rules that fired then are reported as then.
 	Duplicate bool
-	// Outcomes has one entry per rule of the event, in the same order.
+	// Outcomes has one entry per rule of the event, in the same order. Only
+	// firings are reported, unless Options.Verbose: the others have
+	// Window -1 and no counts.
 	Outcomes []Outcome
 }
 
@@ -86,6 +97,9 @@ type Outcome struct {
 	Rule *rules.Rule
 	// Fired is true when the rule fires at this event.
 	Fired bool
+	// Replayed is true for a firing that an earlier delivery of the same
+	// message caused: it is told again, with the same ID.
+	Replayed bool
 	// ID identifies the firing: the same events give the same ID, distinct
 	// firings distinct IDs. Empty unless Fired.
 	ID string
@@ -122,14 +136,17 @@ func FiringID(projectID, ruleID, groupHash string, t time.Time) string {
 type Options struct {
 	// Prefix namespaces every key [klaxon].
 	Prefix string
-	// DedupTTL is how long an event ID is remembered [10m]. A message
-	// redelivered later than that counts again.
+	// DedupTTL is how long an event ID is remembered at least [10m]; it is
+	// forgotten within twice that. A message redelivered later counts again.
 	DedupTTL time.Duration
 	// GroupsPerCall is how many (project, group)s one script call counts
 	// on a single node or Sentinel [32]. Such a call touches keys of several
 	// hash slots: set 1 behind a proxy that routes commands by key. On
 	// Cluster (and Ring) it is always 1.
 	GroupsPerCall int
+	// Verbose reports every rule's outcome with its counts, not only the
+	// firings: for tests and tools; it makes replies larger.
+	Verbose bool
 }
 
 // Engine counts events in Redis.
@@ -141,6 +158,7 @@ type Engine struct {
 	// groupsPerCall is Options.GroupsPerCall, 1 where keys of different
 	// hash slots may live on different nodes.
 	groupsPerCall int
+	verbose       bool
 }
 
 // New returns an engine on rdb (single node, Sentinel or Cluster).
@@ -163,7 +181,16 @@ func New(rdb redis.UniversalClient, opts Options) *Engine {
 		prefix:        opts.Prefix,
 		dedupTTL:      opts.DedupTTL.Milliseconds(),
 		groupsPerCall: opts.GroupsPerCall,
+		verbose:       opts.Verbose,
 	}
+}
+
+// GroupKey is the base of every Redis key of a (project, group): a hash of
+// both, so that no crafted id can make two groups' keys meet, in a hash tag
+// so that they share a Cluster slot.
+func GroupKey(prefix, projectID, groupHash string) string {
+	sum := sha256.Sum256([]byte(projectID + "\x00" + groupHash))
+	return prefix + ":{" + hex.EncodeToString(sum[:12]) + "}"
 }
 
 // group is the events of one (project, group) in a batch.
@@ -187,9 +214,12 @@ type call struct {
 // costs one Redis round trip (per Cluster node): script calls of up to 32
 // (project, group)s, or on Cluster one per (project, group), pipelined.
 // Observing the same batch again after an error is safe for events with an
-// ID.
+// ID; one without may count twice then (never zero times).
 func (e *Engine) Observe(ctx context.Context, events []Event) ([]Result, error) {
-	calls := e.plan(events)
+	// The token marks this Observe's calls, so that a call the client sends
+	// twice (a pipeline resent after a lost reply) counts once.
+	token := rand.Int64N(1<<53-1) + 1
+	calls := e.plan(events, token)
 	if len(calls) == 0 {
 		return make([]Result, len(events)), nil
 	}
@@ -207,7 +237,7 @@ func (e *Engine) Observe(ctx context.Context, events []Event) ([]Result, error) 
 
 // plan groups the events by (project, group), keeping their order, and the
 // groups into calls.
-func (e *Engine) plan(events []Event) []*call {
+func (e *Engine) plan(events []Event, token int64) []*call {
 	byBase := make(map[string]*group)
 	var groups []*group
 	for i := range events {
@@ -215,7 +245,7 @@ func (e *Engine) plan(events []Event) []*call {
 		if len(ev.Rules) == 0 {
 			continue
 		}
-		base := e.prefix + ":{" + ev.ProjectID + ":" + ev.GroupHash + "}"
+		base := GroupKey(e.prefix, ev.ProjectID, ev.GroupHash)
 		g := byBase[base]
 		if g == nil {
 			g = &group{base: base}
@@ -233,10 +263,8 @@ func (e *Engine) plan(events []Event) []*call {
 		for _, g := range c.groups {
 			c.keys = append(c.keys, g.base)
 		}
+		c.args = e.args(c, events, token)
 		calls = append(calls, c)
-	}
-	for _, c := range calls {
-		c.args = e.args(c, events)
 	}
 	return calls
 }
@@ -260,32 +288,62 @@ func (c *call) add(r *rules.Rule) int {
 	return len(c.rules) - 1
 }
 
+// Identity modes of an event, as the script reads them.
+const (
+	modeBody        = "0" // no id: counts at every delivery
+	modeID          = "1" // counted once per id
+	modeRedelivered = "2" // no id, redelivered: counts, and replays its body's firings
+)
+
+// eventKey is the 8 bytes that stand for an event in the script: a hash of
+// its id, or of its body when it has none.
+func eventKey(ev *Event) (key, mode string) {
+	h := sha256.New()
+	switch {
+	case ev.ID != "":
+		h.Write([]byte("id\x00" + ev.ID))
+		mode = modeID
+	case ev.Redelivered:
+		h.Write(ev.Body)
+		mode = modeRedelivered
+	default:
+		h.Write(ev.Body)
+		mode = modeBody
+	}
+	return string(h.Sum(nil)[:8]), mode
+}
+
 // args encodes a call as the script's ARGV.
-func (e *Engine) args(c *call, events []Event) []any {
-	size := 2
+func (e *Engine) args(c *call, events []Event, token int64) []any {
+	size := 4
 	for _, g := range c.groups {
 		size++
 		for _, i := range g.events {
-			size += 4 + len(events[i].Rules)
+			size += 5 + len(events[i].Rules)
 			for _, r := range events[i].Rules {
 				c.add(r)
 			}
 		}
 	}
 	for _, r := range c.rules {
-		size += 5 + 4*len(r.Windows)
+		size += 6 + 4*len(r.Windows)
+	}
+	verbose := 0
+	if e.verbose {
+		verbose = 1
 	}
 	args := make([]any, 0, size)
-	args = append(args, e.dedupTTL, len(c.rules))
+	args = append(args, e.dedupTTL, token, verbose, len(c.rules))
 	for _, r := range c.rules {
 		users := 0
 		if r.Users {
 			users = 1
 		}
-		args = append(args, r.ID+":"+r.Version, ruleTag(r.ID), r.Cooldown.Milliseconds(), users, len(r.Windows))
+		ttl := max(r.MaxPeriod(), r.Cooldown) + time.Second
+		args = append(args, stateTag(r), idTag(r), ttl.Milliseconds(), r.Cooldown.Milliseconds(), users, len(r.Windows))
 		for _, w := range r.Windows {
-			args = append(args, w.Threshold, w.Period.Milliseconds(),
-				Resolution(w.Period).Milliseconds(), buckets(w.Period))
+			args = append(args, ringTag(r, w.Period), w.Threshold, w.Period.Milliseconds(),
+				Resolution(w.Period).Milliseconds())
 		}
 	}
 	for _, g := range c.groups {
@@ -296,7 +354,8 @@ func (e *Engine) args(c *call, events []Event) []any {
 			if !ev.Time.IsZero() {
 				ts = eventMilli(ev.Time)
 			}
-			args = append(args, ev.ID, ts, ev.UserID, len(ev.Rules))
+			key, mode := eventKey(ev)
+			args = append(args, key, mode, ts, ev.UserID, len(ev.Rules))
 			for _, r := range ev.Rules {
 				args = append(args, c.add(r)+1)
 			}
@@ -364,142 +423,130 @@ func (e *Engine) load(ctx context.Context) error {
 	return nil
 }
 
-// decode turns a call's flat reply into Results.
+// Kinds of reply items.
+const (
+	itemQuiet     = 0 // an outcome that did not fire (verbose replies only)
+	itemFired     = 1
+	itemReplayed  = 2 // a firing an earlier delivery caused
+	itemDuplicate = 3 // the event's id was seen before
+)
+
+// decode turns a call's reply into Results: every event of the call gets
+// its time and an empty outcome per rule, then the reply's items fill in
+// what happened.
 func decode(c *call, events []Event, results []Result) error {
 	vals, err := c.cmd.Int64Slice()
 	if err != nil {
 		return err
 	}
-	r := &reply{vals: vals}
+	if len(vals) == 0 {
+		return errors.New("empty reply")
+	}
+	now := vals[0]
+	var order []int // the call's events, as the script numbers them from 1
 	for _, g := range c.groups {
 		for _, i := range g.events {
-			results[i] = r.result(&events[i])
+			ev := &events[i]
+			te := now
+			if !ev.Time.IsZero() {
+				if ts := eventMilli(ev.Time); ts >= 0 && ts <= now {
+					te = ts
+				}
+			}
+			outs := make([]Outcome, len(ev.Rules))
+			for k, r := range ev.Rules {
+				outs[k] = Outcome{Rule: r, Window: -1}
+			}
+			results[i] = Result{Time: time.UnixMilli(te), Outcomes: outs}
+			order = append(order, i)
 		}
 	}
-	if r.err != nil {
-		return r.err
-	}
-	if r.p != len(vals) {
-		return fmt.Errorf("reply has %d values, decoded %d", len(vals), r.p)
+	for p := 1; p < len(vals); {
+		if p+3 > len(vals) {
+			return errors.New("reply cut inside an item")
+		}
+		ev, id, kind := vals[p], vals[p+1], vals[p+2]
+		p += 3
+		if ev < 1 || int(ev) > len(order) {
+			return fmt.Errorf("reply names event %d of %d", ev, len(order))
+		}
+		i := order[ev-1]
+		if kind == itemDuplicate {
+			results[i].Duplicate = true
+			continue
+		}
+		if p+4 > len(vals) || vals[p+3] < 0 || p+4+int(vals[p+3]) > len(vals) {
+			return errors.New("reply cut inside an outcome")
+		}
+		at, rearm, which, nw := vals[p], vals[p+1], vals[p+2], int(vals[p+3])
+		counts := vals[p+4 : p+4+nw : p+4+nw]
+		p += 4 + nw
+		k := ruleIndex(&events[i], id)
+		if k < 0 {
+			continue // a replayed firing of a rule the event no longer has
+		}
+		o := &results[i].Outcomes[k]
+		rule := o.Rule
+		if nw != len(rule.Windows) || which >= int64(nw) {
+			// The rule has other windows now: what fired then cannot be told
+			// in today's terms, so it is not told at all.
+			if kind == itemReplayed {
+				continue
+			}
+			return fmt.Errorf("reply has %d windows for rule %s of %d", nw, rule.ID, len(rule.Windows))
+		}
+		if o.Fired && kind == itemReplayed {
+			continue // fired now: that firing is the one to tell
+		}
+		*o = Outcome{
+			Rule: rule, Fired: kind != itemQuiet, Replayed: kind == itemReplayed,
+			Window: int(which), Counts: counts, At: unixMilli(at), Rearm: unixMilli(rearm),
+		}
+		if o.Fired {
+			o.ID = FiringID(events[i].ProjectID, rule.ID, events[i].GroupHash, o.At)
+		}
 	}
 	return nil
 }
 
-// reply reads a script's flat reply; its first error sticks.
-type reply struct {
-	vals []int64
-	p    int
-	err  error
+// ruleIndex is the index among ev.Rules of the rule whose idTag is id, or
+// -1: a replayed firing goes to its own rule, even if the rule was edited,
+// added, removed or moved since.
+func ruleIndex(ev *Event, id int64) int {
+	for k, r := range ev.Rules {
+		if idTag(r) == id {
+			return k
+		}
+	}
+	return -1
 }
 
-func (r *reply) next() int64 {
-	if r.p >= len(r.vals) {
-		if r.err == nil {
-			r.err = errors.New("reply too short")
-		}
-		return 0
-	}
-	r.p++
-	return r.vals[r.p-1]
+// stateTag numbers a rule's state in a group by the rule's id and version,
+// so that an edit that changes what the state means starts it afresh. The
+// tags are 46 bits, which Lua's numbers and its '%.14g' formatting keep
+// exactly.
+func stateTag(r *rules.Rule) int64 { return tag46("state", r.ID, r.Version) }
+
+// idTag numbers a rule by its id alone, for the firings told in replies.
+func idTag(r *rules.Rule) int64 { return tag46("rule", r.ID) }
+
+// ringTag numbers the ring of buckets that counts a rule's events over one
+// period: every rule with the same title filter counts the same events, so
+// rules of one filter and period share a ring.
+func ringTag(r *rules.Rule, period time.Duration) int64 {
+	return tag46("ring", r.FilterKey(), strconv.FormatInt(period.Milliseconds(), 10))
 }
 
-// result reads one event's result.
-func (r *reply) result(ev *Event) Result {
-	te, dup, n := r.next(), r.next(), r.next()
-	res := Result{Time: time.UnixMilli(te), Duplicate: dup != 0}
-	if dup == 2 {
-		res.Outcomes = r.replay(ev, int(n))
-		return res
-	}
-	if int(n) != len(ev.Rules) {
-		// A replay of a first observation made with other rules: the stored
-		// outcomes do not line up with today's rules, so report none rather
-		// than guess.
-		if dup != 1 && r.err == nil {
-			r.err = fmt.Errorf("reply has %d outcomes for %d rules", n, len(ev.Rules))
-		}
-		for range n {
-			r.outcome(nil)
-		}
-		return res
-	}
-	res.Outcomes = make([]Outcome, n)
-	for k, rule := range ev.Rules {
-		o := r.outcome(rule)
-		if o.Fired {
-			o.ID = FiringID(ev.ProjectID, rule.ID, ev.GroupHash, o.At)
-		}
-		res.Outcomes[k] = o
-	}
-	return res
-}
-
-// replay reads the n tagged outcomes of a repeat whose first observation
-// fired, and gives each to the event's rule of that tag: the rules matched
-// may have changed since (an edit between a crash and the redelivery), and
-// a firing must go to its own rule or, if that rule is gone or has another
-// number of windows now, nowhere. Rules without a recorded outcome get an
-// empty one.
-func (r *reply) replay(ev *Event, n int) []Outcome {
-	byTag := make(map[int64]int, len(ev.Rules))
-	for i, rule := range ev.Rules {
-		byTag[ruleTag(rule.ID)] = i
-	}
-	outs := make([]Outcome, len(ev.Rules))
-	for i, rule := range ev.Rules {
-		outs[i] = Outcome{Rule: rule, Window: -1, Counts: []int64{}}
-	}
-	for range n {
-		tag := r.next()
-		i, ok := byTag[tag]
-		if !ok {
-			r.outcome(nil)
-			continue
-		}
-		o := r.outcome(ev.Rules[i])
-		if len(o.Counts) != len(o.Rule.Windows) {
-			// The rule has other windows now: what fired then cannot be
-			// told in today's terms, so it is not told at all.
-			continue
-		}
-		if o.Fired {
-			o.ID = FiringID(ev.ProjectID, o.Rule.ID, ev.GroupHash, o.At)
-		}
-		outs[i] = o
-	}
-	return outs
-}
-
-// ruleTag is a number for a rule's id that Lua can store and give back
-// exactly: 46 bits, so that Lua's own number formatting (14 digits) keeps it.
-func ruleTag(id string) int64 {
+func tag46(parts ...string) int64 {
 	h := fnv.New64a()
-	h.Write([]byte(id))
+	for _, p := range parts {
+		h.Write([]byte(p))
+		h.Write([]byte{0})
+	}
 	return int64(h.Sum64() >> 18)
 }
 
-// outcome reads one rule's outcome.
-func (r *reply) outcome(rule *rules.Rule) Outcome {
-	fired, at, rearm, which, nw := r.next(), r.next(), r.next(), r.next(), r.next()
-	if nw < 0 || r.p+int(nw) > len(r.vals) {
-		if r.err == nil {
-			r.err = errors.New("reply too short")
-		}
-		return Outcome{}
-	}
-	counts := r.vals[r.p : r.p+int(nw) : r.p+int(nw)]
-	r.p += int(nw)
-	return Outcome{
-		Rule:   rule,
-		Fired:  fired == 1,
-		Window: int(which),
-		Counts: counts,
-		At:     unixMilli(at),
-		Rearm:  unixMilli(rearm),
-	}
-}
-
-// unixMilli is t in ms, with 0 (a replay's empty outcome) as the zero time.
+// unixMilli is t in ms, with 0 (a state never written) as the zero time.
 func unixMilli(t int64) time.Time {
 	if t == 0 {
 		return time.Time{}

@@ -91,7 +91,7 @@ func observe(t testing.TB, e *Engine, events ...Event) []Result {
 // sliding one fires once, in minute 3. And 999 in two minutes never fires.
 func TestFixedWindowTrap(t *testing.T) {
 	rdb := testRedis(t)
-	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+	e := New(rdb, Options{Verbose: true, Prefix: testPrefix(t, rdb)})
 	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 1000, Period: 120_000}))
 	start := time.Now().Add(-time.Hour).Truncate(2 * time.Minute)
 
@@ -134,7 +134,7 @@ func TestFixedWindowTrap(t *testing.T) {
 // and when each resets.
 func TestSeveralWindows(t *testing.T) {
 	rdb := testRedis(t)
-	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+	e := New(rdb, Options{Verbose: true, Prefix: testPrefix(t, rdb)})
 	rule := mustRule(t, seenMore(
 		rules.WindowSpec{Threshold: 20, Period: 60_000},
 		rules.WindowSpec{Threshold: 5, Period: 3_000},
@@ -169,7 +169,7 @@ func TestSeveralWindows(t *testing.T) {
 // A storm above the threshold fires once per cooldown.
 func TestStormFiresOncePerCooldown(t *testing.T) {
 	rdb := testRedis(t)
-	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+	e := New(rdb, Options{Verbose: true, Prefix: testPrefix(t, rdb)})
 	spec := seenMore(rules.WindowSpec{Threshold: 10, Period: 10_000})
 	spec.Cooldown = 60_000
 	rule := mustRule(t, spec)
@@ -199,7 +199,7 @@ func TestStormFiresOncePerCooldown(t *testing.T) {
 // ONLY_NEW fires once per group within 24 h.
 func TestOnlyNewOncePerGroup(t *testing.T) {
 	rdb := testRedis(t)
-	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+	e := New(rdb, Options{Verbose: true, Prefix: testPrefix(t, rdb)})
 	rule := mustRule(t, rules.Spec{WhatToReceive: rules.OnlyNew})
 	at := time.Now().Add(-time.Minute)
 	evs := []Event{
@@ -227,7 +227,7 @@ func TestOnlyNewOncePerGroup(t *testing.T) {
 // result back.
 func TestRedeliveryIsIdempotent(t *testing.T) {
 	rdb := testRedis(t)
-	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+	e := New(rdb, Options{Verbose: true, Prefix: testPrefix(t, rdb)})
 	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 2, Period: 60_000}))
 	ev := func(id string) Event {
 		return Event{ID: id, ProjectID: project, GroupHash: "g", Rules: []*rules.Rule{rule}}
@@ -245,9 +245,6 @@ func TestRedeliveryIsIdempotent(t *testing.T) {
 	if a, b := again[0].Outcomes[0], first[1].Outcomes[0]; !a.Fired || a.ID != b.ID || a.Counts[0] != 2 {
 		t.Errorf("replayed outcome %+v, want the first %+v", a, b)
 	}
-	if !again[0].Time.Equal(first[1].Time) {
-		t.Errorf("replayed time %v, want %v", again[0].Time, first[1].Time)
-	}
 	next := observe(t, e, ev("m3"))
 	if c := next[0].Outcomes[0].Counts[0]; c != 3 {
 		t.Errorf("count after redeliveries %d, want 3", c)
@@ -260,7 +257,7 @@ func TestRedeliveryIsIdempotent(t *testing.T) {
 // its own, and loses none that is.
 func TestReplayFollowsEachRuleByID(t *testing.T) {
 	rdb := testRedis(t)
-	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+	e := New(rdb, Options{Verbose: true, Prefix: testPrefix(t, rdb)})
 	fires := mustRule(t, seenMore(rules.WindowSpec{Threshold: 1, Period: 60_000}))
 	quiet := mustRule(t, seenMore(rules.WindowSpec{Threshold: 100, Period: 60_000}))
 	added := mustRule(t, seenMore(rules.WindowSpec{Threshold: 1, Period: 60_000}))
@@ -283,8 +280,8 @@ func TestReplayFollowsEachRuleByID(t *testing.T) {
 	if got.Outcomes[0].Fired || got.Outcomes[1].Fired {
 		t.Errorf("other rules fired on a replay: %+v", got.Outcomes)
 	}
-	if c := got.Outcomes[1].Counts; len(c) != 1 || c[0] != 1 {
-		t.Errorf("the quiet rule's replayed counts %v, want [1] as first observed", c)
+	if o := got.Outcomes[1]; o.Counts != nil || o.Window != -1 {
+		t.Errorf("the quiet rule's replay %+v, want an empty outcome: only firings are replayed", o)
 	}
 
 	// The firing rule removed: nothing fires, nothing fails.
@@ -313,13 +310,13 @@ func TestReplayFollowsEachRuleByID(t *testing.T) {
 }
 
 // An id is remembered for at least DedupTTL, across the slot boundary of its
-// hash, and forgotten two slots later; the hash expires by itself.
+// slot, and forgotten two slots later.
 func TestRedeliveryAcrossDedupSlots(t *testing.T) {
 	rdb := testRedis(t)
 	ctx := context.Background()
 	prefix := testPrefix(t, rdb)
 	ttl := 300 * time.Millisecond
-	e := New(rdb, Options{Prefix: prefix, DedupTTL: ttl})
+	e := New(rdb, Options{Verbose: true, Prefix: prefix, DedupTTL: ttl})
 	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 100, Period: 60_000}))
 	slot := func() int64 { return rdb.Time(ctx).Val().UnixMilli() / ttl.Milliseconds() }
 	waitSlot := func(s int64) {
@@ -354,10 +351,6 @@ func TestRedeliveryAcrossDedupSlots(t *testing.T) {
 		if r.Duplicate {
 			t.Fatal("first delivery reported as duplicate")
 		}
-		key := fmt.Sprintf("%s:{%s:%s}:m:%d", prefix, project, ev.GroupHash, first)
-		if pttl := rdb.PTTL(ctx, key).Val(); pttl <= 0 || pttl > 2*ttl {
-			t.Errorf("de-duplication hash %s TTL %v, want in (0, %v]", key, pttl, 2*ttl)
-		}
 
 		waitSlot(first + 1)
 		if r, s := in(ev); s != first+1 {
@@ -372,9 +365,6 @@ func TestRedeliveryAcrossDedupSlots(t *testing.T) {
 		}
 		if r.Duplicate || r.Outcomes[0].Counts[0] != 2 {
 			t.Errorf("redelivery two slots later: %+v, want counted again (2)", r)
-		}
-		if n := rdb.Exists(ctx, key).Val(); n != 0 {
-			t.Errorf("first slot's hash %s still exists after its expiry", key)
 		}
 		return
 	}
@@ -391,7 +381,7 @@ func TestManyGroupsInOneBatch(t *testing.T) {
 	start := time.Now().Add(-time.Minute).Truncate(time.Second)
 	for _, tc := range []struct{ option, per int }{{0, 32}, {16, 16}, {1, 1}} {
 		t.Run(fmt.Sprint("GroupsPerCall=", tc.option), func(t *testing.T) {
-			e := New(rdb, Options{Prefix: testPrefix(t, rdb), GroupsPerCall: tc.option})
+			e := New(rdb, Options{Verbose: true, Prefix: testPrefix(t, rdb), GroupsPerCall: tc.option})
 			var evs []Event
 			for round := range 2 {
 				for g := range groups {
@@ -401,7 +391,7 @@ func TestManyGroupsInOneBatch(t *testing.T) {
 				}
 			}
 			evs = append(evs, Event{ID: "no-rules", ProjectID: project, GroupHash: "g0"})
-			calls := e.plan(evs)
+			calls := e.plan(evs, 1)
 			if want := (groups + tc.per - 1) / tc.per; len(calls) != want {
 				t.Fatalf("%d script calls for %d groups, want %d", len(calls), groups, want)
 			}
@@ -427,7 +417,7 @@ func TestManyGroupsInOneBatch(t *testing.T) {
 // countBy users counts distinct users, and events without a user not at all.
 func TestCountUsers(t *testing.T) {
 	rdb := testRedis(t)
-	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+	e := New(rdb, Options{Verbose: true, Prefix: testPrefix(t, rdb)})
 	spec := seenMore(rules.WindowSpec{Threshold: 3, Period: 60_000})
 	spec.CountBy = rules.CountUsers
 	rule := mustRule(t, spec)
@@ -453,7 +443,7 @@ func TestCountUsers(t *testing.T) {
 func TestMemoryBounded(t *testing.T) {
 	rdb := testRedis(t)
 	prefix := testPrefix(t, rdb)
-	e := New(rdb, Options{Prefix: prefix})
+	e := New(rdb, Options{Verbose: true, Prefix: prefix})
 	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 1_000_000, Period: 60_000}))
 	start := time.Now().Add(-time.Hour)
 	for batch := range 40 {
@@ -495,6 +485,12 @@ func randomRule(t testing.TB, rng *rand.Rand) *rules.Rule {
 	if rng.IntN(4) == 0 {
 		spec.CountBy = rules.CountUsers
 	}
+	switch rng.IntN(4) {
+	case 0:
+		spec.Including = []string{"db"}
+	case 1:
+		spec.Excluding = []string{"staging"}
+	}
 	if rng.IntN(2) == 0 {
 		spec.Cooldown = rng.Int64N(120_000)
 	}
@@ -529,12 +525,17 @@ func differential(t *testing.T, rdb redis.UniversalClient, streams int, seed uin
 	ctx := context.Background()
 	for s := range streams {
 		rng := rand.New(rand.NewPCG(seed, uint64(s)))
-		e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+		// Every other stream is told only its firings, as the worker is.
+		verbose := s%2 == 0
+		// Every fifth has no ids: every delivery counts, redeliveries too.
+		idless := s%5 == 4
+		e := New(rdb, Options{Verbose: verbose, Prefix: testPrefix(t, rdb)})
 		model := NewModel()
 		var rs []*rules.Rule
-		for range 1 + rng.IntN(3) {
+		for range 1 + rng.IntN(4) {
 			rs = append(rs, randomRule(t, rng))
 		}
+		titles := []string{"DB timeout", "db down in staging", "TypeError", "staging TypeError"}
 		groups := []string{"g1", "g2", "g3", "g4", "g5", "g6"}[:1+rng.IntN(6)]
 		users := []string{"", "u1", "u2", "u3", "u4", "u5", "u6", "u7"}[:1+rng.IntN(8)]
 		clock := time.Now().Add(-3 * time.Hour).UnixMilli()
@@ -546,6 +547,7 @@ func differential(t *testing.T, rdb redis.UniversalClient, streams int, seed uin
 			for i := range batch {
 				if len(sent) > 0 && rng.IntN(15) == 0 {
 					batch[i] = sent[rng.IntN(len(sent))] // a redelivery
+					batch[i].Redelivered = rng.IntN(2) == 0
 					continue
 				}
 				switch rng.IntN(20) {
@@ -560,14 +562,22 @@ func differential(t *testing.T, rdb redis.UniversalClient, streams int, seed uin
 				if rng.IntN(10) == 0 {
 					at -= rng.Int64N(120_000)
 				}
+				// Rules match by their filters, as the evaluator's do:
+				// rules of one filter count the same events and share rings.
+				title, isNew := titles[rng.IntN(len(titles))], rng.IntN(3) == 0
 				var matched []*rules.Rule
 				for _, r := range rs {
-					if rng.IntN(4) != 0 {
+					if r.Matches(title, isNew) {
 						matched = append(matched, r)
 					}
 				}
+				id := fmt.Sprintf("m%d", len(sent)+i)
+				if idless {
+					id = ""
+				}
 				batch[i] = Event{
-					ID:        fmt.Sprintf("m%d", len(sent)+i),
+					ID:        id,
+					Body:      []byte(fmt.Sprintf("body%d", rng.IntN(1000))),
 					ProjectID: project,
 					GroupHash: groups[rng.IntN(len(groups))],
 					UserID:    users[rng.IntN(len(users))],
@@ -587,13 +597,16 @@ func differential(t *testing.T, rdb redis.UniversalClient, streams int, seed uin
 					t.Fatalf("stream %d event %s matched no rule but has result %+v", s, ev.ID, got[i])
 				}
 				want := model.Observe(ev, got[i].Time)
+				if !verbose {
+					want = firingsOnly(want)
+				}
 				if !ev.Time.Equal(got[i].Time) {
 					t.Fatalf("stream %d event %s: counted at %v, sent %v", s, ev.ID, got[i].Time, ev.Time)
 				}
 				if err := sameResult(got[i], want); err != nil {
 					t.Fatalf("stream %d event %s (group %s, t=%d, user %q): %v", s, ev.ID, ev.GroupHash, ev.Time.UnixMilli(), ev.UserID, err)
 				}
-				if !want.Duplicate {
+				if !want.Duplicate && verbose && !idless {
 					times[ev.GroupHash] = append(times[ev.GroupHash], ev.Time.UnixMilli())
 					for k, o := range want.Outcomes {
 						if err := withinResolution(o, ev, times, rs, sent, batch[:i]); err != nil {
@@ -605,6 +618,17 @@ func differential(t *testing.T, rdb redis.UniversalClient, streams int, seed uin
 			sent = append(sent, batch...)
 		}
 	}
+}
+
+// firingsOnly is a verbose result as a plain engine reports it: firings,
+// and for the other rules an empty outcome.
+func firingsOnly(r Result) Result {
+	for i, o := range r.Outcomes {
+		if !o.Fired {
+			r.Outcomes[i] = Outcome{Rule: o.Rule, Window: -1}
+		}
+	}
+	return r
 }
 
 // withinResolution checks an events-counting outcome against an exact count
@@ -653,7 +677,7 @@ func sameResult(got, want Result) error {
 	}
 	for i := range got.Outcomes {
 		g, w := got.Outcomes[i], want.Outcomes[i]
-		if g.Fired != w.Fired || g.Window != w.Window || g.ID != w.ID || !g.At.Equal(w.At) ||
+		if g.Fired != w.Fired || g.Replayed != w.Replayed || g.Window != w.Window || g.ID != w.ID || !g.At.Equal(w.At) ||
 			!g.Rearm.Equal(w.Rearm) || fmt.Sprint(g.Counts) != fmt.Sprint(w.Counts) {
 			return fmt.Errorf("rule %d (%s):\n engine fired=%v window=%d counts=%v at=%d rearm=%d id=%s\n model  fired=%v window=%d counts=%v at=%d rearm=%d id=%s",
 				i, describe(g.Rule), g.Fired, g.Window, g.Counts, g.At.UnixMilli(), g.Rearm.UnixMilli(), g.ID,
@@ -676,7 +700,7 @@ func describe(r *rules.Rule) string {
 // loads it again and loses nothing.
 func TestScriptReloaded(t *testing.T) {
 	rdb := testRedis(t)
-	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+	e := New(rdb, Options{Verbose: true, Prefix: testPrefix(t, rdb)})
 	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 2, Period: 60_000}))
 	ev := Event{ProjectID: project, GroupHash: "g", Rules: []*rules.Rule{rule}}
 	observe(t, e, ev)
@@ -693,7 +717,7 @@ func TestScriptReloaded(t *testing.T) {
 // version: both copies count into one state.
 func TestReloadedRuleSharesState(t *testing.T) {
 	rdb := testRedis(t)
-	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+	e := New(rdb, Options{Verbose: true, Prefix: testPrefix(t, rdb)})
 	spec := seenMore(rules.WindowSpec{Threshold: 10, Period: 60_000})
 	spec.ID = "reloaded"
 	a, b := mustRule(t, spec), mustRule(t, spec)
@@ -714,7 +738,7 @@ func TestReloadedRuleSharesState(t *testing.T) {
 // seconds) is clamped to Redis' now like any future one.
 func TestTimestampsOutOfRange(t *testing.T) {
 	rdb := testRedis(t)
-	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+	e := New(rdb, Options{Verbose: true, Prefix: testPrefix(t, rdb)})
 	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 2, Period: 60_000}))
 	ev := func(group string, at time.Time) Event {
 		return Event{ProjectID: project, GroupHash: group, Time: at, Rules: []*rules.Rule{rule}}
@@ -750,7 +774,7 @@ func TestModelAgreesWithLuaAtTheEdges(t *testing.T) {
 	}
 	for s := range streams {
 		rng := rand.New(rand.NewPCG(11, uint64(s)))
-		e := New(rdb, Options{Prefix: testPrefix(t, rdb), GroupsPerCall: 1 + rng.IntN(40)})
+		e := New(rdb, Options{Verbose: true, Prefix: testPrefix(t, rdb), GroupsPerCall: 1 + rng.IntN(40)})
 		model := NewModel()
 		var rs []*rules.Rule
 		for range 1 + rng.IntN(4) {

@@ -3,6 +3,7 @@ package counter
 import (
 	"cmp"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/klaxonhq/klaxon/internal/rules"
@@ -11,55 +12,151 @@ import (
 // Model is the counting semantics of observe.lua in plain Go: the readable
 // specification, kept in memory and without expiry. Tests drive it and the
 // Engine with the same events and require the same results.
+//
+//   - Rules with the same title filter count the same events, so each
+//     (group, filter, period) has one ring of buckets, which every such
+//     rule reads; each (group, rule) has its own clock and cooldown.
+//   - An event with an ID counts once: a repeat gets the firings its first
+//     delivery caused, and counts nothing. An event without an ID counts at
+//     every delivery; a redelivered one also gets back the firings of the
+//     last delivery of the same body that fired.
 type Model struct {
-	state map[string]*modelState // by group and rule
-	seen  map[string]Result      // first result by group and event ID
+	rings   map[string]*modelRing  // by group and ring tag
+	states  map[string]*modelState // by group and rule state tag
+	seen    map[string]bool        // by group and event key: IDs counted
+	records map[string][]Outcome   // by group and event key: what it fired
+}
+
+type modelRing struct {
+	clock   int64           // newest event time seen (ms)
+	buckets map[int64]int64 // bucket index -> events
 }
 
 type modelState struct {
-	clock   int64             // L: newest event time seen (ms)
-	rearm   int64             // U: quiet until (ms)
-	buckets []map[int64]int64 // per window: bucket index -> events
-	users   map[string]int64  // user -> newest time seen (ms)
+	clock int64            // L: newest event time seen (ms)
+	rearm int64            // U: quiet until (ms)
+	users map[string]int64 // user -> newest time seen (ms)
 }
 
 // NewModel returns an empty model.
 func NewModel() *Model {
-	return &Model{state: make(map[string]*modelState), seen: make(map[string]Result)}
+	return &Model{
+		rings: make(map[string]*modelRing), states: make(map[string]*modelState),
+		seen: make(map[string]bool), records: make(map[string][]Outcome),
+	}
 }
 
 // Observe counts ev at te, the time the engine counted it at (its clamped
-// timestamp, or Redis' now), and returns what the engine must return.
+// timestamp, or Redis' now), and returns what a Verbose engine returns.
 func (m *Model) Observe(ev Event, te time.Time) Result {
 	group := ev.ProjectID + "\x00" + ev.GroupHash
-	if ev.ID != "" {
-		if first, ok := m.seen[group+"\x00"+ev.ID]; ok {
-			return replay(first)
-		}
-	}
+	key, mode := eventKey(&ev)
+	rk := group + "\x00" + key
 	res := Result{Time: te, Outcomes: make([]Outcome, len(ev.Rules))}
 	for i, r := range ev.Rules {
-		key := group + "\x00" + r.ID + ":" + r.Version
-		s := m.state[key]
-		if s == nil {
-			s = &modelState{buckets: make([]map[int64]int64, len(r.Windows)), users: make(map[string]int64)}
-			for w := range s.buckets {
-				s.buckets[w] = make(map[int64]int64)
-			}
-			m.state[key] = s
+		res.Outcomes[i] = Outcome{Rule: r, Window: -1}
+	}
+	if mode == modeID && m.seen[rk] {
+		res.Duplicate = true
+		m.replay(&res, ev, m.records[rk])
+		return res
+	}
+	m.seen[rk] = mode == modeID
+	before := m.records[rk]
+	t := te.UnixMilli()
+
+	// Each ring counts the event once, however many rules read it.
+	added := make(map[int64]bool)
+	for _, r := range ev.Rules {
+		if r.Users {
+			continue
 		}
-		res.Outcomes[i] = s.observe(r, ev.UserID, te.UnixMilli())
-		if o := &res.Outcomes[i]; o.Fired {
-			o.ID = FiringID(ev.ProjectID, r.ID, ev.GroupHash, o.At)
+		for _, w := range r.Windows {
+			tag := ringTag(r, w.Period)
+			if !added[tag] {
+				added[tag] = true
+				m.ring(group, tag).add(t, w.Period)
+			}
 		}
 	}
-	if ev.ID != "" {
-		m.seen[group+"\x00"+ev.ID] = res
+	var fired []Outcome
+	for i, r := range ev.Rules {
+		o := m.state(group, r).observe(m, group, r, ev.UserID, t)
+		if o.Fired {
+			o.ID = FiringID(ev.ProjectID, r.ID, ev.GroupHash, o.At)
+			fired = append(fired, o)
+		}
+		res.Outcomes[i] = o
+	}
+	if len(fired) > 0 {
+		m.records[rk] = fired
+	}
+	if mode == modeRedelivered {
+		m.replay(&res, ev, before)
 	}
 	return res
 }
 
-func (s *modelState) observe(r *rules.Rule, user string, te int64) Outcome {
+// replay gives each recorded firing to the event's rule of the same id and
+// id, unless that rule fired now or has other windows today.
+func (m *Model) replay(res *Result, ev Event, record []Outcome) {
+	for _, f := range record {
+		k := ruleIndex(&ev, idTag(f.Rule))
+		if k < 0 || res.Outcomes[k].Fired || len(f.Counts) != len(ev.Rules[k].Windows) {
+			continue
+		}
+		f.Rule, f.Replayed = ev.Rules[k], true
+		f.ID = FiringID(ev.ProjectID, f.Rule.ID, ev.GroupHash, f.At)
+		res.Outcomes[k] = f
+	}
+}
+
+func (m *Model) ring(group string, tag int64) *modelRing {
+	k := group + "\x00" + strconv.FormatInt(tag, 10)
+	r := m.rings[k]
+	if r == nil {
+		r = &modelRing{buckets: make(map[int64]int64)}
+		m.rings[k] = r
+	}
+	return r
+}
+
+func (m *Model) state(group string, r *rules.Rule) *modelState {
+	k := group + "\x00" + strconv.FormatInt(stateTag(r), 10)
+	s := m.states[k]
+	if s == nil {
+		s = &modelState{users: make(map[string]int64)}
+		m.states[k] = s
+	}
+	return s
+}
+
+// add counts an event at t: the window slides to end at the newest time
+// seen, buckets before its start drop out, and the event counts in its
+// bucket if that is still inside.
+func (r *modelRing) add(t int64, period time.Duration) {
+	b := Resolution(period).Milliseconds()
+	r.clock = max(r.clock, t)
+	oldest := floorDiv(r.clock-period.Milliseconds(), b)
+	if idx := floorDiv(t, b); idx >= oldest {
+		r.buckets[idx]++
+	}
+	for idx := range r.buckets {
+		if idx < oldest {
+			delete(r.buckets, idx)
+		}
+	}
+}
+
+func (r *modelRing) count() int64 {
+	var n int64
+	for _, c := range r.buckets {
+		n += c
+	}
+	return n
+}
+
+func (s *modelState) observe(m *Model, group string, r *rules.Rule, user string, te int64) Outcome {
 	o := Outcome{Rule: r, Window: -1, Counts: make([]int64, len(r.Windows))}
 	if r.Users && user == "" {
 		// No user, nothing to count: the state as it is.
@@ -83,18 +180,7 @@ func (s *modelState) observe(r *rules.Rule, user string, te int64) Outcome {
 		}
 	} else {
 		for i, w := range r.Windows {
-			b := Resolution(w.Period).Milliseconds()
-			oldest := floorDiv(clock-w.Period.Milliseconds(), b)
-			if idx := floorDiv(te, b); idx >= oldest {
-				s.buckets[i][idx]++
-			}
-			for idx, n := range s.buckets[i] {
-				if idx < oldest {
-					delete(s.buckets[i], idx)
-				} else {
-					o.Counts[i] += n
-				}
-			}
+			o.Counts[i] = m.ring(group, ringTag(r, w.Period)).count()
 		}
 	}
 	s.clock = clock
@@ -168,19 +254,4 @@ func floorDiv(a, b int64) int64 {
 		q--
 	}
 	return q
-}
-
-// replay is what a repeated event gets: its first result, but outcomes that
-// did not fire then come back empty, unless one of them fired.
-func replay(first Result) Result {
-	r := Result{Time: first.Time, Duplicate: true, Outcomes: slices.Clone(first.Outcomes)}
-	for _, o := range first.Outcomes {
-		if o.Fired {
-			return r
-		}
-	}
-	for i, o := range r.Outcomes {
-		r.Outcomes[i] = Outcome{Rule: o.Rule, Window: -1, Counts: []int64{}}
-	}
-	return r
 }

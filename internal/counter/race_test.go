@@ -33,7 +33,7 @@ func TestConcurrentWorkersFireOnce(t *testing.T) {
 			defer wg.Done()
 			client := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr, DB: rdb.Options().DB})
 			defer client.Close()
-			e := New(client, Options{Prefix: prefix})
+			e := New(client, Options{Verbose: true, Prefix: prefix})
 			for b := 0; b < perWorker; b += batch {
 				evs := make([]Event, batch)
 				for i := range evs {
@@ -79,7 +79,7 @@ func TestConcurrentWorkersFireOnce(t *testing.T) {
 			t.Errorf("firing id %s reported %d times", id, n)
 		}
 	}
-	e := New(rdb, Options{Prefix: prefix})
+	e := New(rdb, Options{Verbose: true, Prefix: prefix})
 	for g := range groups {
 		res := observe(t, e, Event{ProjectID: project, GroupHash: fmt.Sprint("g", g), Time: time.UnixMilli(start), Rules: []*rules.Rule{threshold}})
 		if got, want := res[0].Outcomes[0].Counts[0], int64(workers*perWorker/groups+1); got != want {

@@ -112,13 +112,14 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 			continue
 		}
 		events = append(events, counter.Event{
-			// Every event is looked up by this id, first deliveries
-			// included: a producer publishes again what the broker did not
-			// confirm (a broker restart does that), and Hawk's messages
-			// carry no message-id; a batch tried again may have been
-			// counted by a try whose reply was lost, and a Redis client
-			// may send a script again after a lost reply.
-			ID:        messageID(d),
+			// Every event with an identity is looked up by it, first
+			// deliveries included: a producer publishes again what the
+			// broker did not confirm, and a batch tried again may have been
+			// counted by a try whose reply was lost. Without one, every
+			// delivery counts (see README, Duplicates).
+			ID:          identity(d, &m),
+			Body:        d.Body,
+			Redelivered: d.Redelivered,
 			ProjectID: m.ProjectID,
 			GroupHash: m.Event.GroupHash,
 			UserID:    m.Event.UserID(),
@@ -202,12 +203,12 @@ func (e *Evaluator) record(tally tally, events []counter.Event, results []counte
 			if o.Rule.OnlyNew {
 				kind = notify.TypeNew
 			}
-			if !res.Duplicate {
+			if !o.Replayed {
 				e.Metrics.Firings.WithLabelValues(kind).Inc()
 			}
 			e.Log.Info("rule fired", "project", ev.ProjectID, "rule", o.Rule.ID, "group", ev.GroupHash,
 				"type", kind, "window", o.Window, "counts", o.Counts, "notification_id", o.ID,
-				"channels", len(o.Rule.Channels), "replayed", res.Duplicate)
+				"channels", len(o.Rule.Channels), "replayed", o.Replayed)
 		}
 	}
 	if evaluated > 0 {
@@ -287,16 +288,27 @@ func Notification(ev *counter.Event, m *event.Message, o *counter.Outcome) notif
 	return n
 }
 
-// messageID identifies a delivery for de-duplication: its AMQP message-id,
-// or else a hash of its body. Hawk's messages differ by repetitionId, so
-// equal bodies are the same message.
-func messageID(d *queue.Delivery) string {
-	if d.MessageID != "" && len(d.MessageID) <= 128 {
-		return "id:" + d.MessageID
+// maxID is the longest message-id or repetitionId taken as an identity; a
+// longer one is hashed, so a key stays small whatever a producer sends.
+const maxID = 128
+
+// identity is what names one occurrence: the AMQP message-id, else Hawk's
+// repetitionId, else nothing. A body is no identity: two occurrences of an
+// error can be byte for byte the same message.
+func identity(d *queue.Delivery, m *event.Message) string {
+	switch {
+	case d.MessageID != "":
+		return short("id:" + d.MessageID)
+	case m.Event.RepetitionID != nil && *m.Event.RepetitionID != "":
+		return short("rep:" + *m.Event.RepetitionID)
 	}
-	sum := sha256.Sum256(d.Body)
-	var id [2 + 24]byte // "h:" and 12 bytes in hex: one allocation, the string
-	copy(id[:], "h:")
-	hex.Encode(id[2:], sum[:12])
-	return string(id[:])
+	return ""
+}
+
+func short(id string) string {
+	if len(id) <= maxID {
+		return id
+	}
+	sum := sha256.Sum256([]byte(id))
+	return "sha256:" + hex.EncodeToString(sum[:16])
 }

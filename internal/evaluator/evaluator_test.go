@@ -144,8 +144,8 @@ func TestHandleRoutesEveryKindOfMessage(t *testing.T) {
 	if got, want := counted(evs), "g1=db g4=db g5=new g6=db+new"; got != want {
 		t.Errorf("counted %q, want %q", got, want)
 	}
-	if evs[0].ID != "id:m1" || !strings.HasPrefix(evs[1].ID, "h:") || len(evs[1].ID) != 2+24 {
-		t.Errorf("event ids %q %q", evs[0].ID, evs[1].ID)
+	if evs[0].ID != "id:m1" || evs[1].ID != "" {
+		t.Errorf("event ids %q %q, want the message-id and none", evs[0].ID, evs[1].ID)
 	}
 	if evs[0].ProjectID != project || !evs[0].Time.IsZero() {
 		t.Errorf("event 0 = %+v", evs[0])
@@ -180,22 +180,39 @@ func TestHandleRoutesEveryKindOfMessage(t *testing.T) {
 	}
 }
 
-// The same body without a message id gets the same id: it is the same message.
-func TestHandleHashesBodiesWithoutID(t *testing.T) {
+// A message is named by its message-id, else by Hawk's repetitionId, else
+// by nothing: identical bodies without either are distinct occurrences,
+// and each counts (a producer that repeats its body must not be counted
+// once per de-duplication period, which silences its alerts).
+func TestHandleIdentity(t *testing.T) {
 	snap := compile(t, map[string][]rules.Spec{project: {
 		{ID: "all", IsEnabled: true, WhatToReceive: rules.SeenMore, Threshold: 10, ThresholdPeriod: 60_000, Channels: webhook()},
 	}})
 	fc := &fakeCounter{record: true}
 	e, _ := newEvaluator(snap, fc, &fakePublisher{})
 	body := hawk(project, "t", "g", false)
+	withRep := fmt.Sprintf(`{"projectId":%q,"event":{"title":"t","groupHash":"g","repetitionId":"r1"}}`, project)
 	long := strings.Repeat("x", 129)
-	b := &queue.Batch{Deliveries: []queue.Delivery{delivery(body, ""), delivery(body, ""), delivery(body, long), delivery(hawk(project, "t", "h", false), "")}}
+	redelivered := delivery(body, "")
+	redelivered.Redelivered = true
+	b := &queue.Batch{Deliveries: []queue.Delivery{
+		delivery(body, ""), delivery(body, ""), redelivered,
+		delivery(withRep, ""), delivery(withRep, "m9"), delivery(body, long), delivery(body, long),
+	}}
 	if err := e.Handle(context.Background(), b); err != nil {
 		t.Fatal(err)
 	}
 	evs := fc.calls[0]
-	if evs[0].ID != evs[1].ID || evs[0].ID != evs[2].ID || evs[0].ID == evs[3].ID {
-		t.Errorf("ids %q %q %q %q: want the first three equal, the last different", evs[0].ID, evs[1].ID, evs[2].ID, evs[3].ID)
+	var ids []string
+	for _, ev := range evs {
+		ids = append(ids, ev.ID)
+	}
+	if ids[0] != "" || ids[1] != "" || ids[2] != "" || ids[3] != "rep:r1" || ids[4] != "id:m9" ||
+		ids[5] != ids[6] || !strings.HasPrefix(ids[5], "sha256:") || len(ids[5]) > 128 {
+		t.Errorf("ids %q: want none, none, none, the repetitionId, the message-id, a hash of the long id twice", ids)
+	}
+	if string(evs[0].Body) != body || evs[0].Redelivered || !evs[2].Redelivered {
+		t.Errorf("events carry body %q and redelivered %v %v, want the body and false, true", evs[0].Body, evs[0].Redelivered, evs[2].Redelivered)
 	}
 }
 

@@ -78,6 +78,7 @@ type Rule struct {
 	OnlyNew   bool
 	including []string // lower-cased
 	excluding []string // lower-cased
+	filterKey string
 	// Windows are the sliding windows of a SEEN_MORE rule; empty for ONLY_NEW.
 	Windows []Window
 	// Users counts distinct event.user.id instead of events.
@@ -104,6 +105,18 @@ type Channel struct {
 	Name      string // one of ChannelNames
 	Endpoint  string // address, chat id or URL; may be a secret
 	MinPeriod time.Duration
+}
+
+// FilterKey names the rule's title filter: rules with the same key match
+// exactly the same events (SEEN_MORE matching depends on the title alone),
+// so they can share what counts them.
+func (r *Rule) FilterKey() string { return r.filterKey }
+
+func filterKey(including, excluding []string) string {
+	inc, exc := slices.Clone(including), slices.Clone(excluding)
+	slices.Sort(inc)
+	slices.Sort(exc)
+	return strings.Join(slices.Compact(inc), "\x00") + "\x01" + strings.Join(slices.Compact(exc), "\x00")
 }
 
 // MaxPeriod is the longest window of the rule (0 for ONLY_NEW).
@@ -186,6 +199,7 @@ func Compile(projectID string, s Spec) (*Rule, []string, error) {
 	}
 	r.including = lowerNonEmpty(s.Including)
 	r.excluding = lowerNonEmpty(s.Excluding)
+	r.filterKey = filterKey(r.including, r.excluding)
 	for _, name := range ChannelNames {
 		c, ok := s.Channels[name]
 		if !ok || !c.IsEnabled {
