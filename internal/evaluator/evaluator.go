@@ -120,11 +120,11 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 			ID:          identity(d, &m),
 			Body:        d.Body,
 			Redelivered: d.Redelivered,
-			ProjectID: m.ProjectID,
-			GroupHash: m.Event.GroupHash,
-			UserID:    m.Event.UserID(),
-			Time:      m.Event.Time(),
-			Rules:     matched[first:len(matched):len(matched)],
+			ProjectID:   m.ProjectID,
+			GroupHash:   m.Event.GroupHash,
+			UserID:      m.Event.UserID(),
+			Time:        m.Event.Time(),
+			Rules:       matched[first:len(matched):len(matched)],
 		})
 		msgs = append(msgs, m)
 	}
