@@ -114,7 +114,7 @@ func TestWriteTable(t *testing.T) {
 				Latency:  &Latency{Rate: 8250, Probes: 10, Received: 9, P50: 12.5, P95: 30, P99: 41.25}},
 		},
 		Memory: &Memory{Workers: 1, Events: 1000, Groups: 10, UsedDelta: 3 << 20, Keys: 50, PerKey: 62914.56,
-			Stats: keyStats{Counters: 40, Dedup: 10, CounterBytes: 456, DedupBytes: 4000, DedupFields: 100}},
+			Stats: keyStats{States: 40, Pages: 10, StateBytes: 456, InlineBytes: 80, PageBytes: 1100}, DedupPerEvt: 14.2},
 	}
 	var b bytes.Buffer
 	writeTable(&b, rep)
@@ -124,7 +124,7 @@ func TestWriteTable(t *testing.T) {
 		"| bare consumer (ack only) |", "| Klaxon, 2 workers", "16,500", "83%", "0.020", "4.25", "32 MiB",
 		"12.5 / 30.0 / 41.2 at 8,250/s (9 of 10 probes)",
 		"evalsha=440", "get=1200", "100.0 µs per call, 44.0 µs per event; of which 4.0 µs per event in the commands they call, 40.0 µs in Lua",
-		"used_memory +3.0 MiB in 50 keys", "40 (rule, group) counter keys, MEMORY USAGE 456 B each",
+		"used_memory +3.0 MiB in 50 keys", "40 group state keys, MEMORY USAGE 456 B each, of which 80 B are ids; 10 pages of ids, 1100 B each; ids: 14.2 B per event",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
@@ -309,7 +309,7 @@ func TestRunEndToEnd(t *testing.T) {
 	if l := klaxon.Latency; l == nil || l.Probes == 0 || l.Received != l.Probes {
 		t.Errorf("latency %+v: every probe should notify", l)
 	}
-	if m := rep.Memory; m == nil || m.Stats.Counters == 0 || m.Stats.Dedup == 0 {
+	if m := rep.Memory; m == nil || m.Stats.States == 0 || m.Stats.InlineBytes == 0 || m.DedupPerEvt == 0 {
 		t.Errorf("memory %+v", m)
 	}
 

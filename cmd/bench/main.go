@@ -762,13 +762,16 @@ func (b *bench) measureMemory(ctx context.Context, kprefix string, before redisI
 	if err != nil {
 		return nil, err
 	}
-	m := &Memory{Workers: k, Events: b.o.events, Groups: b.o.groups, Pairs: stats.Counters,
+	m := &Memory{Workers: k, Events: b.o.events, Groups: b.o.groups,
 		UsedDelta: after.usedMemory - before.usedMemory, Stats: stats}
-	m.Keys = stats.Counters + stats.Dedup + stats.Other
+	m.Keys = stats.States + stats.Pages + stats.Other
 	if m.Keys > 0 {
 		m.PerKey = float64(m.UsedDelta) / float64(m.Keys)
 	}
-	m.DedupPerEvt = stats.DedupBytes * float64(stats.Dedup) / float64(b.o.events)
+	// What recognising redeliveries costs: ids inside state strings, and
+	// the pages of busy groups, over the events counted.
+	ids := stats.InlineBytes*float64(stats.States) + stats.PageBytes*float64(stats.Pages)
+	m.DedupPerEvt = ids / float64(b.o.events)
 	return m, nil
 }
 

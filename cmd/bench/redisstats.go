@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"sort"
 	"strconv"
@@ -174,35 +175,42 @@ func deleteKeys(ctx context.Context, rdb *redis.Client, prefix string) (int, err
 	return n, flush()
 }
 
-// keyStats classifies the keys under prefix: the counter state of a (rule,
-// group) ("…}:r:…"), de-duplication hashes ("…}:m:…") and the rest, and
+// keyStats classifies the keys under prefix: a group's state string
+// ("…}:s"), the pages of ids of busy groups ("…}:d:…"), firing records
+// ("…}:f"), users sets ("…}:u:…") and the rest. It reads the header of up
+// to sample state strings for the ids they hold inline (8 bytes each), and
 // measures MEMORY USAGE of up to sample keys of each kind.
 type keyStats struct {
-	Counters      int     `json:"counterKeys"`
-	Dedup         int     `json:"dedupKeys"`
-	Other         int     `json:"otherKeys"`
-	CounterBytes  float64 `json:"counterKeyBytes"` // mean MEMORY USAGE of a counter key
-	DedupBytes    float64 `json:"dedupKeyBytes"`
-	DedupFields   float64 `json:"dedupFieldsPerKey"`
-	SampledCounts int     `json:"sampled"`
+	States       int     `json:"stateKeys"`
+	Pages        int     `json:"pageKeys"`
+	Other        int     `json:"otherKeys"`
+	StateBytes   float64 `json:"stateKeyBytes"` // mean MEMORY USAGE of a state key
+	InlineBytes  float64 `json:"inlineIdBytes"` // mean bytes of ids inside a state key
+	PageBytes    float64 `json:"pageKeyBytes"`
+	SampledCount int     `json:"sampled"`
 }
+
+// stateHeader is the fixed head of a group's state string (observe.lua's
+// HDR): version, then per dedup slot (current, previous) slot, level,
+// next, count and inline bytes, then tokens and section counts.
+const stateHeader = 75
 
 func scanKeyStats(ctx context.Context, rdb *redis.Client, prefix string, sample int) (keyStats, error) {
 	var ks keyStats
-	var counters, dedup []string
+	var states, pages []string
 	iter := rdb.Scan(ctx, 0, prefix+"*", 5000).Iterator()
 	for iter.Next(ctx) {
 		k := iter.Val()
 		switch {
-		case strings.Contains(k, "}:r:"):
-			ks.Counters++
-			if len(counters) < sample {
-				counters = append(counters, k)
+		case strings.HasSuffix(k, "}:s"):
+			ks.States++
+			if len(states) < sample {
+				states = append(states, k)
 			}
-		case strings.Contains(k, "}:m:"):
-			ks.Dedup++
-			if len(dedup) < sample {
-				dedup = append(dedup, k)
+		case strings.Contains(k, "}:d:"):
+			ks.Pages++
+			if len(pages) < sample {
+				pages = append(pages, k)
 			}
 		default:
 			ks.Other++
@@ -231,28 +239,33 @@ func scanKeyStats(ctx context.Context, rdb *redis.Client, prefix string, sample 
 		return float64(total) / float64(len(keys)), nil
 	}
 	var err error
-	if ks.CounterBytes, err = mean(counters); err != nil {
+	if ks.StateBytes, err = mean(states); err != nil {
 		return ks, err
 	}
-	if ks.DedupBytes, err = mean(dedup); err != nil {
+	if ks.PageBytes, err = mean(pages); err != nil {
 		return ks, err
 	}
-	if len(dedup) > 0 {
+	if len(states) > 0 {
 		cmds, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, k := range dedup {
-				p.HLen(ctx, k)
+			for _, k := range states {
+				p.GetRange(ctx, k, 0, stateHeader-1)
 			}
 			return nil
 		})
 		if err != nil {
-			return ks, fmt.Errorf("hlen: %w", err)
+			return ks, fmt.Errorf("read state headers: %w", err)
 		}
-		var fields int64
+		var inline int64
 		for _, c := range cmds {
-			fields += c.(*redis.IntCmd).Val()
+			h := []byte(c.(*redis.StringCmd).Val())
+			if len(h) < stateHeader {
+				continue
+			}
+			// Inline bytes of the current and previous slots: u32 at 16 and 35.
+			inline += int64(binary.LittleEndian.Uint32(h[16:])) + int64(binary.LittleEndian.Uint32(h[35:]))
 		}
-		ks.DedupFields = float64(fields) / float64(len(dedup))
+		ks.InlineBytes = float64(inline) / float64(len(states))
 	}
-	ks.SampledCounts = len(counters) + len(dedup)
+	ks.SampledCount = len(states) + len(pages)
 	return ks, nil
 }

@@ -107,7 +107,6 @@ type Memory struct {
 	Workers     int      `json:"workers"`
 	Events      int      `json:"events"`
 	Groups      int      `json:"groups"`
-	Pairs       int      `json:"activeRuleGroupPairs"` // (rule, group) pairs that counted at least one event
 	UsedDelta   int64    `json:"usedMemoryDeltaBytes"`
 	Keys        int      `json:"keys"`
 	PerKey      float64  `json:"usedMemoryPerKeyBytes"`
@@ -208,9 +207,9 @@ func writeTable(w io.Writer, rep *Report) {
 		fmt.Fprintf(w, "\nRedis memory after %s events over %s groups (Klaxon, %d worker%s): used_memory +%s in %s keys = %.0f B/key;\n",
 			thousands(float64(m.Events)), thousands(float64(m.Groups)), m.Workers, plural(m.Workers),
 			bytesHuman(m.UsedDelta), thousands(float64(m.Keys)), m.PerKey)
-		fmt.Fprintf(w, "%s (rule, group) counter keys, MEMORY USAGE %.0f B each; %s de-duplication hashes, %.0f B each (%.1f entries), %.0f B per event\n",
-			thousands(float64(m.Stats.Counters)), m.Stats.CounterBytes, thousands(float64(m.Stats.Dedup)), m.Stats.DedupBytes,
-			m.Stats.DedupFields, m.DedupPerEvt)
+		fmt.Fprintf(w, "%s group state keys, MEMORY USAGE %.0f B each, of which %.0f B are ids; %s pages of ids, %.0f B each; ids: %.1f B per event\n",
+			thousands(float64(m.Stats.States)), m.Stats.StateBytes, m.Stats.InlineBytes, thousands(float64(m.Stats.Pages)),
+			m.Stats.PageBytes, m.DedupPerEvt)
 	}
 	fmt.Fprintln(w, "\nRedis trips: increase of INFO total_writes_processed (one reply write per client round trip). Redis cmds: increase of")
 	fmt.Fprintln(w, "INFO commandstats calls, commands run inside scripts included. CPU: utime+stime from /proc/<pid>/stat over the")

@@ -23,7 +23,7 @@ type algorithm struct {
 }
 
 func algorithms(tb testing.TB, rdb *tripCounter, prefix string, rule *rules.Rule) []algorithm {
-	e := New(rdb.Client, Options{Verbose: true, Prefix: prefix})
+	e := New(rdb.Client, Options{Prefix: prefix})
 	w := rule.Windows[0]
 	perEvent := func(script *redis.Script, key string, extra bool) func(context.Context, []Event) (int, error) {
 		if err := script.Load(context.Background(), rdb.Client).Err(); err != nil {
@@ -215,6 +215,17 @@ func scriptMicros(ctx context.Context, rdb *tripCounter) float64 {
 		}
 	}
 	return 0
+}
+
+// redisCPU is the Redis server's CPU time so far (user and system), in µs:
+// unlike a command's usec it does not grow while Redis waits for a core.
+func redisCPU(ctx context.Context, rdb *tripCounter) float64 {
+	var total float64
+	for _, key := range []string{"used_cpu_user", "used_cpu_sys"} {
+		v, _ := strconv.ParseFloat(infoField(ctx, rdb, "cpu", key), 64)
+		total += v
+	}
+	return total * 1e6
 }
 
 // infoField is the value of a "key:value" line in a section of INFO.

@@ -15,14 +15,17 @@
 --
 -- A group's state is one string, "<base>:s", read with one MGET for the
 -- whole call and written with one SET:
---   header   version(1) dedup[cur] dedup[prev] tokens(4) nrings nstates
+--   header   version(3) dedup[cur] dedup[prev] tokens(4) nrings nstates npairs
 --            dedup = slot level next count inlinebytes
+--   rings    per ring: tag until L npairs: a ring holds the events of one
+--            (filter, period) in buckets, for every rule that counts them;
+--            L is the newest event time it has seen
+--   states   per rule: tag until L U: the rule's clock and the time it is
+--            quiet until
+--   pairs    every ring's (bucket index, count) pairs, ring after ring,
+--            oldest bucket first; empty buckets are not kept
 --   inline   the 8-byte keys of the ids seen in the current and previous
 --            dedup slots, while a slot holds at most PAGE of them
---   rings    tag until L npairs, then npairs (bucket index, count), oldest
---            first: the events in buckets of one (filter, period), shared by
---            every rule that counts them; L is the newest event time seen
---   states   tag until L U: a rule's clock and the time it is quiet until
 -- Sections past their "until" (Redis time) are dropped; the key expires
 -- with its last section.
 --
@@ -48,9 +51,11 @@ local now = tonumber(clock[1]) * 1000 + floor(tonumber(clock[2]) / 1000)
 local dedup_ttl, token, verbose = tonumber(a[1]), tonumber(a[2]), a[3] == '1'
 local slot = floor(now / dedup_ttl)
 local ids_until = (slot + 2) * dedup_ttl
+local ids_pxat = fmt('%d', ids_until)
 local PAGE = 128
-local HDR = '<Bi8i1I2I4I4i8i1I2I4I4i8i8i8i8I2I2'
-local RING, STATE = '<i8i8i8I2', '<i8i8i8i8'
+local VERSION = 3
+local HDR, HDR_SIZE = '<Bi8i1I2I4I4i8i1I2I4I4i8i8i8i8I2I2I4', 79
+local RING, STATE, PAIR = 'i8i8i8I2', 'i8i8i8i8', 'i8I4'
 
 local rules, p = {}, 5
 for r = 1, tonumber(a[4]) do
@@ -65,68 +70,129 @@ for r = 1, tonumber(a[4]) do
     if w.t > rule.cap then rule.cap = w.t end
     rule.windows[i] = w
   end
+  rule.nw = nw
   if rule.cooldown < 1 then rule.cooldown = 1 end
   rules[r] = rule
 end
 
-local function empty_dedup(s) return {slot = s, level = -1, next = 0, count = 0, inline = ''} end
-
--- load reads a group's state string; a missing or foreign one starts empty.
-local function load(g, raw)
-  g.rings, g.states, g.order_r, g.order_s = {}, {}, {}, {}
-  g.cur, g.prev, g.tokens = empty_dedup(slot), empty_dedup(slot - 1), {0, 0, 0, 0}
-  if not raw or #raw < 75 or string.byte(raw, 1) ~= 1 then return end
-  local _, cs, cl, cn, cc, cb, ps, pl, pn, pc, pb, t1, t2, t3, t4, nr, ns, pos = unpack_s(HDR, raw)
-  local cur = {slot = cs, level = cl, next = cn, count = cc, inline = sub(raw, pos, pos + cb - 1)}
-  pos = pos + cb
-  local prev = {slot = ps, level = pl, next = pn, count = pc, inline = sub(raw, pos, pos + pb - 1)}
-  pos = pos + pb
-  if cur.slot == slot then
-    g.cur = cur
-    if prev.slot == slot - 1 then g.prev = prev end
-  elseif cur.slot == slot - 1 then
-    g.prev = cur
+-- Formats of k units, made once a call. struct takes a few thousand values
+-- at most, so long runs go in chunks of CHUNK units.
+local CHUNK = 500
+local formats = {}
+local function format(unit, k)
+  local byk = formats[unit]
+  if not byk then
+    byk = {}
+    formats[unit] = byk
   end
-  g.tokens = {t1, t2, t3, t4}
-  for _ = 1, nr do
-    local tag, untl, L, n = unpack_s(RING, raw, pos)
-    local len = 26 + 12 * n
-    if untl > now then
-      g.rings[tag] = {tag = tag, untl = untl, L = L, n = n, at = pos, raw = raw}
-      g.order_r[#g.order_r + 1] = tag
-    end
-    pos = pos + len
+  local f = byk[k]
+  if not f then
+    f = '<' .. string.rep(unit, k)
+    byk[k] = f
   end
-  for _ = 1, ns do
-    local tag, untl, L, U = unpack_s(STATE, raw, pos)
-    if untl > now then
-      g.states[tag] = {tag = tag, untl = untl, L = L, U = U}
-      g.order_s[#g.order_s + 1] = tag
-    end
-    pos = pos + 32
-  end
+  return f
 end
 
--- ring returns a group's ring of that tag, its pairs unpacked on first use:
--- idx[first..last] and cnt[first..last], sum their total.
-local function ring(g, tag, w)
-  local r = g.rings[tag]
-  if not r then
-    r = {tag = tag, L = 0, n = 0}
-    g.rings[tag] = r
-    g.order_r[#g.order_r + 1] = tag
+-- unpack_all reads n units of width values from raw at pos: a flat table
+-- of the values, and the position after them.
+local function unpack_all(unit, width, n, raw, pos)
+  if n <= CHUNK then
+    local v = {unpack_s(format(unit, n), raw, pos)}
+    pos = v[n * width + 1]
+    v[n * width + 1] = nil
+    return v, pos
   end
-  if not r.idx then
-    local idx, cnt, sum = {}, {}, 0
-    if r.n > 0 then
-      local v = {unpack_s(string.rep('i8I4', r.n), r.raw, r.at + 26)}
-      for i = 1, r.n do
-        idx[i], cnt[i] = v[2 * i - 1], v[2 * i]
-        sum = sum + cnt[i]
-      end
+  local v = {}
+  for lo = 1, n, CHUNK do
+    local k = math.min(CHUNK, n - lo + 1)
+    local t = {unpack_s(format(unit, k), raw, pos)}
+    for i = 1, k * width do v[#v + 1] = t[i] end
+    pos = t[k * width + 1]
+  end
+  return v, pos
+end
+
+-- pack_all writes the flat values v as units of width values.
+local function pack_all(unit, width, v)
+  local n = #v / width
+  if n <= CHUNK then return pack(format(unit, n), unpack(v)) end
+  local out = {}
+  for lo = 1, n, CHUNK do
+    local hi = math.min(lo + CHUNK - 1, n)
+    out[#out + 1] = pack(format(unit, hi - lo + 1), unpack(v, (lo - 1) * width + 1, hi * width))
+  end
+  return concat(out)
+end
+
+-- load reads a group's state string into g; a missing or foreign one
+-- starts empty. Rings (rh) and states (st) stay flat tables of their
+-- header values, four a section; pv holds every ring's pairs, and ro the
+-- offset in pv of each ring's first pair.
+local function load(g, raw)
+  g.cur = {slot = slot, level = -1, next = 0, count = 0, inline = ''}
+  g.prev = {slot = slot - 1, level = -1, next = 0, count = 0, inline = ''}
+  g.t1, g.t2, g.t3, g.t4 = 0, 0, 0, 0
+  if not raw or #raw < HDR_SIZE or string.byte(raw, 1) ~= VERSION then
+    g.rh, g.st, g.pv, g.ro = {}, {}, {}, {}
+    return
+  end
+  local _, cs, cl, cn, cc, cb, ps, pl, pn, pc, pb, t1, t2, t3, t4, nr, ns, np, pos = unpack_s(HDR, raw)
+  g.rh, pos = unpack_all(RING, 4, nr, raw, pos)
+  g.st, pos = unpack_all(STATE, 4, ns, raw, pos)
+  g.pv, pos = unpack_all(PAIR, 2, np, raw, pos)
+  local ro, off, rh = {}, 0, g.rh
+  for i = 1, nr do
+    ro[i] = off
+    off = off + 2 * rh[4 * i]
+  end
+  g.ro = ro
+  if cs == slot then
+    g.cur = {slot = cs, level = cl, next = cn, count = cc, inline = sub(raw, pos, pos + cb - 1)}
+    if ps == slot - 1 then
+      g.prev = {slot = ps, level = pl, next = pn, count = pc, inline = sub(raw, pos + cb, pos + cb + pb - 1)}
     end
-    r.idx, r.cnt, r.first, r.last, r.sum, r.p, r.b, r.raw = idx, cnt, 1, r.n, sum, w.p, w.b, nil
+  elseif cs == slot - 1 then
+    g.prev = {slot = cs, level = cl, next = cn, count = cc, inline = sub(raw, pos, pos + cb - 1)}
   end
+  g.t1, g.t2, g.t3, g.t4 = t1, t2, t3, t4
+end
+
+-- A ring in use is an array, for speed: its pairs ps[2k-1] (bucket index),
+-- ps[2k] (count) for k in first..last, their total, the newest time seen,
+-- its period and bucket width, and until when it is kept.
+local PS, FIRST, LAST, SUM, L_, P_, B_, UNTIL, SEEN = 1, 2, 3, 4, 5, 6, 7, 8, 9
+
+-- ring returns the ring of window w in g, unpacked on first use; a ring
+-- past its until starts empty.
+local function ring(g, w)
+  local rh, i = g.rh, nil
+  for j = 1, #rh, 4 do
+    if rh[j] == w.ring then
+      i = j
+      break
+    end
+  end
+  if not i then
+    i = #rh + 1
+    rh[i], rh[i + 1], rh[i + 2], rh[i + 3] = w.ring, 0, 0, 0
+  end
+  local tr = g.tr
+  if not tr then
+    tr = {}
+    g.tr = tr
+  end
+  local r = tr[i]
+  if r then return r end
+  if rh[i + 1] > now then
+    local n, off = rh[i + 3], g.ro[(i + 3) / 4]
+    local ps = {unpack(g.pv, off + 1, off + 2 * n)}
+    local sum = 0
+    for j = 2, 2 * n, 2 do sum = sum + ps[j] end
+    r = {ps, 1, n, sum, rh[i + 2], w.p, w.b, 0, 0}
+  else
+    r = {{}, 1, 0, 0, 0, w.p, w.b, 0, 0}
+  end
+  tr[i] = r
   return r
 end
 
@@ -134,38 +200,48 @@ end
 -- newest time seen, buckets before it drop out, and the event counts in its
 -- bucket if that is still inside.
 local function add(r, te)
-  local L = r.L
-  if te > L then L = te end
-  r.L = L
-  local lo = floor((L - r.p) / r.b)
-  local idx, cnt = r.idx, r.cnt
-  while r.first <= r.last and idx[r.first] < lo do
-    r.sum = r.sum - cnt[r.first]
-    r.first = r.first + 1
+  local L = r[L_]
+  if te > L then
+    L = te
+    r[L_] = te
   end
-  local i = floor(te / r.b)
+  local b = r[B_]
+  local lo = floor((L - r[P_]) / b)
+  local ps, first, last = r[PS], r[FIRST], r[LAST]
+  while first <= last and ps[2 * first - 1] < lo do
+    r[SUM] = r[SUM] - ps[2 * first]
+    first = first + 1
+  end
+  r[FIRST] = first
+  local i = floor(te / b)
   if i < lo then return end
-  r.sum = r.sum + 1
-  local k = r.last
-  while k >= r.first and idx[k] > i do k = k - 1 end
-  if k >= r.first and idx[k] == i then
-    cnt[k] = cnt[k] + 1
+  r[SUM] = r[SUM] + 1
+  local k = last
+  while k >= first and ps[2 * k - 1] > i do k = k - 1 end
+  if k >= first and ps[2 * k - 1] == i then
+    ps[2 * k] = ps[2 * k] + 1
     return
   end
-  -- a new bucket after position k
-  for j = r.last, k + 1, -1 do idx[j + 1], cnt[j + 1] = idx[j], cnt[j] end
-  idx[k + 1], cnt[k + 1] = i, 1
-  r.last = r.last + 1
+  -- A new bucket after position k.
+  for j = last, k + 1, -1 do ps[2 * j + 1], ps[2 * j + 2] = ps[2 * j - 1], ps[2 * j] end
+  ps[2 * k + 1], ps[2 * k + 2] = i, 1
+  r[LAST] = last + 1
 end
 
+-- state returns the index in g.st of a rule's state (tag until L U); a
+-- new one, or one past its until, starts at L = U = 0 with until 0, and is
+-- kept only once it counts.
 local function state(g, tag)
-  local s = g.states[tag]
-  if not s then
-    s = {tag = tag, L = 0, U = 0}
-    g.states[tag] = s
-    g.order_s[#g.order_s + 1] = tag
+  local st = g.st
+  for j = 1, #st, 4 do
+    if st[j] == tag then
+      if st[j + 1] <= now then st[j + 1], st[j + 2], st[j + 3] = 0, 0, 0 end
+      return j
+    end
   end
-  return s
+  local j = #st + 1
+  st[j], st[j + 1], st[j + 2], st[j + 3] = tag, 0, 0, 0
+  return j
 end
 
 -- has reports whether the 8-byte key k is one of the keys in s.
@@ -201,8 +277,8 @@ local function split(g, d)
     local k = sub(src, i, i + 7)
     if unpack_s('<I4', k) % (2 * n) == from then keep[#keep + 1] = k else move[#move + 1] = k end
   end
-  redis.call('SET', page_key(g, d, from), concat(keep), 'PXAT', fmt('%d', ids_until))
-  redis.call('SET', page_key(g, d, to), concat(move), 'PXAT', fmt('%d', ids_until))
+  redis.call('SET', page_key(g, d, from), concat(keep), 'PXAT', ids_pxat)
+  redis.call('SET', page_key(g, d, to), concat(move), 'PXAT', ids_pxat)
   d.next = d.next + 1
   if d.next == n then d.level, d.next = d.level + 1, 0 end
 end
@@ -223,47 +299,57 @@ local function remember(g, keys)
   end
   d.count = d.count + #keys
   if d.level < 0 and d.count > PAGE then
-    redis.call('SET', page_key(g, d, 0), d.inline, 'PXAT', fmt('%d', ids_until))
+    redis.call('SET', page_key(g, d, 0), d.inline, 'PXAT', ids_pxat)
     d.inline, d.level, d.next = '', 0, 0
   end
   while d.level >= 0 and d.count > PAGE * (2 ^ d.level + d.next) do split(g, d) end
 end
 
--- recall marks in dup the keys of ids that the group's slots already hold.
-local function recall(g, keys, dup)
-  local fetch, where = {}, {}
-  for _, d in ipairs({g.cur, g.prev}) do
-    if d.count > 0 then
-      for _, k in ipairs(keys) do
-        if d.level < 0 then
-          if has(d.inline, k) then dup[k] = true end
-        else
-          local key = page_key(g, d, page(d, k))
-          if not where[key] then
-            where[key] = {}
-            fetch[#fetch + 1] = key
-          end
-          where[key][#where[key] + 1] = k
-        end
+-- recall marks in dup the keys of ids that slot d already holds; pages to
+-- read are gathered in fetch (key -> the keys to look for there).
+local function recall(g, d, keys, dup, fetch)
+  if d.count == 0 then return fetch end
+  for _, k in ipairs(keys) do
+    if d.level < 0 then
+      if has(d.inline, k) then dup[k] = true end
+    else
+      fetch = fetch or {}
+      local key = page_key(g, d, page(d, k))
+      local ks = fetch[key]
+      if not ks then
+        ks = {}
+        fetch[key] = ks
       end
+      ks[#ks + 1] = k
     end
   end
-  if #fetch == 0 then return end
-  local pages = redis.call('MGET', unpack(fetch))
-  for i, key in ipairs(fetch) do
+  return fetch
+end
+
+-- seen is the set of keys of ids that g's current and previous slots hold.
+local function seen(g, keys)
+  local dup = {}
+  local fetch = recall(g, g.cur, keys, dup, nil)
+  fetch = recall(g, g.prev, keys, dup, fetch)
+  if not fetch then return dup end
+  local names = {}
+  for key in pairs(fetch) do names[#names + 1] = key end
+  local pages = redis.call('MGET', unpack(names))
+  for i, key in ipairs(names) do
     local s = pages[i]
     if s then
-      for _, k in ipairs(where[key]) do
+      for _, k in ipairs(fetch[key]) do
         if has(s, k) then dup[k] = true end
       end
     end
   end
+  return dup
 end
 
--- Plan the groups: their events, and the ids to look up.
+-- The groups of the call: their events, and the ids to look up.
 local groups = {}
 for gi = 1, #KEYS do
-  local g = {base = KEYS[gi], n = tonumber(a[p]), at = p + 1, ids = {}, records = {}}
+  local g = {base = KEYS[gi], n = tonumber(a[p]), at = p + 1, ids = {}}
   p = p + 1
   for _ = 1, g.n do
     local nm = tonumber(a[p + 4])
@@ -272,15 +358,17 @@ for gi = 1, #KEYS do
   end
   groups[gi] = g
 end
-local skeys = {}
-for gi, g in ipairs(groups) do skeys[gi] = g.base .. ':s' end
-local raws = redis.call('MGET', unpack(skeys))
-for gi, g in ipairs(groups) do load(g, raws[gi]) end
+do
+  local skeys = {}
+  for gi, g in ipairs(groups) do skeys[gi] = g.base .. ':s' end
+  local raws = redis.call('MGET', unpack(skeys))
+  for gi, g in ipairs(groups) do load(g, raws[gi]) end
+end
 
 local out, n, e = {now}, 1, 0
 
-local function emit(ev, tag, kind, L, U, which, counts, nw)
-  out[n + 1], out[n + 2], out[n + 3] = ev, tag, kind
+local function emit(ev, id, kind, L, U, which, counts, nw)
+  out[n + 1], out[n + 2], out[n + 3] = ev, id, kind
   n = n + 3
   if kind == 3 then return end
   out[n + 1], out[n + 2], out[n + 3], out[n + 4] = L, U, which, nw
@@ -310,19 +398,22 @@ end
 local counts = {}
 
 -- count observes one event at te for one rule, fills counts and returns the
--- window that fired (0-based; -1 for a rule without windows), or nil.
+-- window that fired (0-based; -1 for a rule without windows) or nil, and
+-- the index of the rule's state in g.st.
 local function count(g, rule, te, user)
-  local s = state(g, rule.tag)
+  local j = state(g, rule.tag)
+  local st = g.st
+  local windows = rule.windows
   if rule.users then
     local zkey = fmt('%s:u:%d', g.base, rule.tag)
+    local L = st[j + 2]
     if user == '' then
       -- Nothing to count: the state as it is.
-      for i, w in ipairs(rule.windows) do
-        counts[i] = s.L > 0 and redis.call('ZCOUNT', zkey, fmt('(%d', s.L - w.p), '+inf') or 0
+      for i = 1, rule.nw do
+        counts[i] = L > 0 and redis.call('ZCOUNT', zkey, fmt('(%d', L - windows[i].p), '+inf') or 0
       end
-      return nil, s
+      return nil, j
     end
-    local L = s.L
     if te > L then L = te end
     if te > L - rule.maxp then
       redis.call('ZADD', zkey, 'GT', fmt('%d', te), user)
@@ -330,59 +421,65 @@ local function count(g, rule, te, user)
       local extra = redis.call('ZCARD', zkey) - rule.cap
       if extra > 0 then redis.call('ZPOPMIN', zkey, fmt('%d', extra)) end
     end
-    for i, w in ipairs(rule.windows) do
-      counts[i] = redis.call('ZCOUNT', zkey, fmt('(%d', L - w.p), '+inf')
+    for i = 1, rule.nw do
+      counts[i] = redis.call('ZCOUNT', zkey, fmt('(%d', L - windows[i].p), '+inf')
     end
     redis.call('PEXPIRE', zkey, fmt('%d', rule.ttl))
   else
-    for i, w in ipairs(rule.windows) do counts[i] = g.rings[w.ring].sum end
+    for i = 1, rule.nw do counts[i] = ring(g, windows[i])[SUM] end
   end
-  if te > s.L then s.L = te end
-  s.untl = now + rule.ttl
-  if s.L < s.U then return nil, s end
+  if te > st[j + 2] then st[j + 2] = te end
+  st[j + 1] = now + rule.ttl
+  local L = st[j + 2]
+  if L < st[j + 3] then return nil, j end
   local which
-  if #rule.windows == 0 then which = -1 end
-  for i, w in ipairs(rule.windows) do
-    if counts[i] >= w.t then which = i - 1; break end
+  if rule.nw == 0 then which = -1 end
+  for i = 1, rule.nw do
+    if counts[i] >= windows[i].t then
+      which = i - 1
+      break
+    end
   end
-  if which then s.U = s.L + rule.cooldown end
-  return which, s
+  if which then st[j + 3] = L + rule.cooldown end
+  return which, j
 end
 
 for _, g in ipairs(groups) do
-  local replayed = false
-  for _, t in ipairs(g.tokens) do
-    if t == token then replayed = true end
-  end
-  if not replayed then g.tokens = {token, g.tokens[1], g.tokens[2], g.tokens[3]} end
+  local replayed = token == g.t1 or token == g.t2 or token == g.t3 or token == g.t4
+  if not replayed then g.t1, g.t2, g.t3, g.t4 = token, g.t1, g.t2, g.t3 end
 
   -- Which events repeat, and the records of their firings.
-  local dup, want = {}, {}
-  if not replayed and #g.ids > 0 then recall(g, g.ids, dup) end
+  local dup
+  if not replayed and #g.ids > 0 then dup = seen(g, g.ids) end
+  local want
   local q = g.at
   for _ = 1, g.n do
     local k, mode = a[q], a[q + 1]
-    if replayed or mode == '2' or dup[k] then want[#want + 1] = k end
+    if replayed or mode == '2' or (dup and dup[k]) then
+      want = want or {}
+      want[#want + 1] = k
+    end
     q = q + 5 + tonumber(a[q + 4])
   end
   local records = {}
-  if #want > 0 then
+  if want then
     local got = redis.call('HMGET', g.base .. ':f', unpack(want))
     for i, k in ipairs(want) do records[k] = got[i] or nil end
   end
 
-  local new, fired_records, fired_order = {}, {}, {}
+  local new, fired_records, fired_order
   q = g.at
   for _ = 1, g.n do
     local k, mode, ts, user, nm = a[q], a[q + 1], tonumber(a[q + 2]), a[q + 3], tonumber(a[q + 4])
     local first = q + 5
     q = first + nm
     e = e + 1
-    if replayed or (mode == '1' and (dup[k] or new[k])) then
+    if replayed or (mode == '1' and ((dup and dup[k]) or (new and new[k]))) then
       emit(e, 0, 3)
       replay(e, records[k])
     else
       if mode == '1' then
+        new = new or {}
         new[k] = true
         new[#new + 1] = k
       end
@@ -392,94 +489,120 @@ for _, g in ipairs(groups) do
       for j = first, first + nm - 1 do
         local rule = rules[tonumber(a[j])]
         if not rule.users then
-          for _, w in ipairs(rule.windows) do
-            local r = ring(g, w.ring, w)
-            if r.seen ~= e then
-              r.seen = e
+          for i = 1, rule.nw do
+            local r = ring(g, rule.windows[i])
+            if r[SEEN] ~= e then
+              r[SEEN] = e
               add(r, te)
-              local u = now + r.p + r.b + 1000
-              if not r.untl or u > r.untl then r.untl = u end
+              r[UNTIL] = now + r[P_] + r[B_] + 1000
             end
           end
         end
       end
-      local fired, items = nil, {}
+      local fired, items
       for j = first, first + nm - 1 do
         local rule = rules[tonumber(a[j])]
-        local nw = #rule.windows
+        local nw = rule.nw
         local which, s = count(g, rule, te, user)
+        local st = g.st
         if which then
-          fired = fired or {}
+          fired, items = fired or {}, items or {}
           fired[rule.id] = true
-          items[#items + 1] = fmt('%d,%d,%d,%d,%d', rule.id, s.L, s.U, which, nw)
+          items[#items + 1] = fmt('%d,%d,%d,%d,%d', rule.id, st[s + 2], st[s + 3], which, nw)
           for i = 1, nw do items[#items + 1] = fmt('%d', counts[i]) end
         end
-        if which or verbose then emit(e, rule.id, which and 1 or 0, s.L, s.U, which or -1, counts, nw) end
+        if which or verbose then emit(e, rule.id, which and 1 or 0, st[s + 2], st[s + 3], which or -1, counts, nw) end
       end
       local before = records[k]
       if fired then
         -- A later repeat of this event, in this call or after, replays these.
         local rec = concat(items, ',')
+        fired_records, fired_order = fired_records or {}, fired_order or {}
         if not fired_records[k] then fired_order[#fired_order + 1] = k end
         records[k], fired_records[k] = rec, rec
       end
       if mode == '2' then replay(e, before, fired) end
     end
   end
-  if #new > 0 then remember(g, new) end
-  if #fired_order > 0 then
+  if new then remember(g, new) end
+  if fired_order then
     local args = {}
     for _, k in ipairs(fired_order) do
       args[#args + 1] = k
       args[#args + 1] = fired_records[k]
     end
     redis.call('HSET', g.base .. ':f', unpack(args))
-    redis.call('PEXPIREAT', g.base .. ':f', fmt('%d', ids_until))
+    redis.call('PEXPIREAT', g.base .. ':f', ids_pxat)
   end
 end
 
--- save writes a group's state back, dropping what expired.
+local EMPTY = {slot = 0, level = -1, next = 0, count = 0, inline = ''}
+
+-- save writes a group's state back, leaving out what is past its until.
 local function save(g)
-  local parts, expiry = {}, 0
-  local function dedup(d)
-    if d.count > 0 and d.slot >= slot - 1 then
-      if (d.slot + 2) * dedup_ttl > expiry then expiry = (d.slot + 2) * dedup_ttl end
-      return d
-    end
-    return empty_dedup(0)
+  local expiry = 0
+  local c, pv = g.cur, g.prev
+  if c.count > 0 then expiry = ids_until else c = EMPTY end
+  if pv.count > 0 and pv.slot == slot - 1 then
+    if ids_until - dedup_ttl > expiry then expiry = ids_until - dedup_ttl end
+  else
+    pv = EMPTY
   end
-  local c, pv = dedup(g.cur), dedup(g.prev)
-  local body = {}
-  local nr, ns = 0, 0
-  for _, tag in ipairs(g.order_r) do
-    local r = g.rings[tag]
-    if r.idx then
-      local v, m = {r.tag, r.untl, r.L, 0}, 0
-      for i = r.first, r.last do
-        v[#v + 1], v[#v + 2] = r.idx[i], r.cnt[i]
-        m = m + 1
-      end
-      v[4] = m
-      body[#body + 1] = pack(RING .. string.rep('i8I4', m), unpack(v))
+  local rh, tr, ro, pv_ = g.rh, g.tr, g.ro, g.pv
+  local orh, opv, live = rh, {}, true
+  for i = 1, #rh, 4 do
+    local r = tr and tr[i]
+    if r then
+      local m = r[LAST] - r[FIRST] + 1
+      rh[i + 1], rh[i + 2], rh[i + 3] = r[UNTIL], r[L_], m
+      opv[#opv + 1] = pack(format(PAIR, m), unpack(r[PS], 2 * r[FIRST] - 1, 2 * r[LAST]))
+    elseif rh[i + 1] > now then
+      local off, m = ro[(i + 3) / 4], rh[i + 3]
+      opv[#opv + 1] = pack(format(PAIR, m), unpack(pv_, off + 1, off + 2 * m))
     else
-      body[#body + 1] = sub(r.raw, r.at, r.at + 25 + 12 * r.n)
+      live = false
+      opv[#opv + 1] = ''
     end
-    if r.untl > expiry then expiry = r.untl end
-    nr = nr + 1
+    if rh[i + 1] > expiry then expiry = rh[i + 1] end
   end
-  for _, tag in ipairs(g.order_s) do
-    local s = g.states[tag]
-    if s.untl then
-      body[#body + 1] = pack(STATE, s.tag, s.untl, s.L, s.U)
-      if s.untl > expiry then expiry = s.untl end
-      ns = ns + 1
+  local npairs = 0
+  if not live then
+    -- Some ring is past its until: keep only the live ones.
+    orh = {}
+    local keep = {}
+    for i = 1, #rh, 4 do
+      if rh[i + 1] > now then
+        local m = #orh
+        orh[m + 1], orh[m + 2], orh[m + 3], orh[m + 4] = rh[i], rh[i + 1], rh[i + 2], rh[i + 3]
+        keep[#keep + 1] = opv[(i + 3) / 4]
+      end
+    end
+    opv = keep
+  end
+  for i = 4, #orh, 4 do npairs = npairs + orh[i] end
+  local st, ost = g.st, g.st
+  for j = 1, #st, 4 do
+    if st[j + 1] <= now then
+      -- Some state is past its until: keep only the live ones.
+      ost = {}
+      for k = 1, #st, 4 do
+        if st[k + 1] > now then
+          local m = #ost
+          ost[m + 1], ost[m + 2], ost[m + 3], ost[m + 4] = st[k], st[k + 1], st[k + 2], st[k + 3]
+        end
+      end
+      break
     end
   end
-  local t = g.tokens
-  local hdr = pack(HDR, 1, c.slot, c.level, c.next, c.count, #c.inline,
-                   pv.slot, pv.level, pv.next, pv.count, #pv.inline, t[1], t[2], t[3], t[4], nr, ns)
+  for j = 2, #ost, 4 do
+    if ost[j] > expiry then expiry = ost[j] end
+  end
+  local hdr = pack(HDR, VERSION, c.slot, c.level, c.next, c.count, #c.inline,
+                   pv.slot, pv.level, pv.next, pv.count, #pv.inline, g.t1, g.t2, g.t3, g.t4,
+                   #orh / 4, #ost / 4, npairs)
   if expiry <= now then expiry = now + 1000 end
-  redis.call('SET', g.base .. ':s', hdr .. c.inline .. pv.inline .. concat(body), 'PXAT', fmt('%d', expiry))
+  redis.call('SET', g.base .. ':s', hdr .. pack_all(RING, 4, orh) .. pack_all(STATE, 4, ost) ..
+             concat(opv) .. c.inline .. pv.inline, 'PXAT', fmt('%d', expiry))
 end
 
 for _, g in ipairs(groups) do save(g) end

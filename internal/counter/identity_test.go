@@ -1,0 +1,176 @@
+package counter
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/klaxonhq/klaxon/internal/rules"
+)
+
+// A producer that sends the same body for every occurrence, with neither a
+// message-id nor a repetitionId, must still be told when its error storms:
+// identical bodies are distinct occurrences, and each counts. Taking them
+// for redeliveries of one message silenced every such threshold.
+func TestIdenticalBodiesWithoutIDsAllCount(t *testing.T) {
+	rdb := testRedis(t)
+	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 50, Period: 60_000}))
+	body := []byte(fmt.Sprintf(`{"projectId":%q,"event":{"title":"t","groupHash":"g"}}`, project))
+	var fired int
+	for range 5 {
+		evs := make([]Event, 20)
+		for i := range evs {
+			evs[i] = Event{Body: body, ProjectID: project, GroupHash: "g", Rules: []*rules.Rule{rule}}
+		}
+		for _, r := range observe(t, e, evs...) {
+			if r.Duplicate {
+				t.Fatal("an id-less event was taken for a duplicate")
+			}
+			if r.Outcomes[0].Fired {
+				fired++
+			}
+		}
+	}
+	if fired != 1 {
+		t.Errorf("100 identical bodies fired a threshold of 50 %d times, want once", fired)
+	}
+}
+
+// A worker that counted an id-less event, fired, and died before it
+// published the delivery jobs leaves the message unacked; its redelivery
+// must bring the firing back (same id), or a new group's notification is
+// lost for good: the rule is in its 24-hour cooldown. Hawk's new events
+// carry no repetitionId, so this is the common case.
+func TestRedeliveredBodyReplaysItsFiring(t *testing.T) {
+	rdb := testRedis(t)
+	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+	rule := mustRule(t, rules.Spec{WhatToReceive: rules.OnlyNew})
+	body := []byte("new error")
+	ev := Event{Body: body, ProjectID: project, GroupHash: "g", Rules: []*rules.Rule{rule}}
+	first := observe(t, e, ev)[0].Outcomes[0]
+	if !first.Fired {
+		t.Fatal("a new group did not fire ONLY_NEW")
+	}
+
+	again := ev
+	if o := observe(t, e, again)[0].Outcomes[0]; o.Fired {
+		t.Errorf("a second delivery that the broker did not mark redelivered fired: %+v", o)
+	}
+	again.Redelivered = true
+	r := observe(t, e, again)[0]
+	if o := r.Outcomes[0]; r.Duplicate || !o.Fired || !o.Replayed || o.ID != first.ID {
+		t.Errorf("redelivery: %+v, want the first firing %s replayed", r, first.ID)
+	}
+	other := Event{Body: []byte("another error"), Redelivered: true, ProjectID: project, GroupHash: "g", Rules: []*rules.Rule{rule}}
+	if o := observe(t, e, other)[0].Outcomes[0]; o.Fired {
+		t.Errorf("a redelivered body that never fired got a firing: %+v", o)
+	}
+}
+
+// go-redis may send a pipeline again when a reply is lost; the script must
+// then count nothing twice, ids or not, and give back the same firings.
+func TestCallSentTwiceCountsOnce(t *testing.T) {
+	rdb := testRedis(t)
+	ctx := context.Background()
+	e := New(rdb, Options{Verbose: true, Prefix: testPrefix(t, rdb)})
+	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 3, Period: 60_000}))
+	evs := []Event{
+		{Body: []byte("a"), ProjectID: project, GroupHash: "g", Rules: []*rules.Rule{rule}},
+		{Body: []byte("a"), ProjectID: project, GroupHash: "g", Rules: []*rules.Rule{rule}},
+		{ID: "m1", ProjectID: project, GroupHash: "g", Rules: []*rules.Rule{rule}},
+		{Body: []byte("b"), ProjectID: project, GroupHash: "h", Rules: []*rules.Rule{rule}},
+	}
+	send := func() []Result {
+		t.Helper()
+		calls := e.plan(evs, 12345)
+		if err := e.run(ctx, calls); err != nil {
+			t.Fatal(err)
+		}
+		res := make([]Result, len(evs))
+		for _, c := range calls {
+			if err := decode(c, evs, res); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return res
+	}
+	first := send()
+	if !first[2].Outcomes[0].Fired {
+		t.Fatalf("the third event of g did not fire a threshold of 3: %+v", first[2])
+	}
+	second := send()
+	for i, r := range second {
+		if !r.Duplicate {
+			t.Errorf("event %d of the resent call counted again", i)
+		}
+	}
+	if o := second[2].Outcomes[0]; !o.Fired || o.ID != first[2].Outcomes[0].ID {
+		t.Errorf("resent call: %+v, want the firing %s again", o, first[2].Outcomes[0].ID)
+	}
+	next := observe(t, e, Event{Body: []byte("c"), ProjectID: project, GroupHash: "g", Rules: []*rules.Rule{rule}})
+	if c := next[0].Outcomes[0].Counts[0]; c != 4 {
+		t.Errorf("count after the resent call %d, want 4", c)
+	}
+}
+
+// Ids of a busy group leave its state string for pages that split as they
+// fill: every id is still recognised, no page grows past a few kilobytes,
+// and an id costs at most 16 bytes of Redis, pages and keys included.
+func TestIDsOfABusyGroupStaySmall(t *testing.T) {
+	rdb := testRedis(t)
+	ctx := context.Background()
+	prefix := testPrefix(t, rdb)
+	e := New(rdb, Options{Prefix: prefix})
+	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 1_000_000, Period: 60_000}))
+	const ids = 20_000
+	ev := func(i int) Event {
+		return Event{ID: fmt.Sprint("busy-", i), ProjectID: project, GroupHash: "busy", Rules: []*rules.Rule{rule}}
+	}
+	for lo := 0; lo < ids; lo += 500 {
+		evs := make([]Event, 500)
+		for i := range evs {
+			evs[i] = ev(lo + i)
+		}
+		for i, r := range observe(t, e, evs...) {
+			if r.Duplicate {
+				t.Fatalf("first delivery of %s taken for a duplicate", evs[i].ID)
+			}
+		}
+	}
+	var pageBytes int64
+	pages := 0
+	iter := rdb.Scan(ctx, 0, prefix+":*}:d:*", 1000).Iterator()
+	for iter.Next(ctx) {
+		pages++
+		n := rdb.StrLen(ctx, iter.Val()).Val()
+		if n > 64*8*8 {
+			t.Errorf("page %s holds %d bytes, want a few KiB at most", iter.Val(), n)
+		}
+		pageBytes += rdb.MemoryUsage(ctx, iter.Val(), 0).Val()
+	}
+	if pages < ids/(2*128) {
+		t.Fatalf("%d pages for %d ids, want them spread over at least %d", pages, ids, ids/256)
+	}
+	if per := float64(pageBytes) / ids; per > 16 {
+		t.Errorf("ids cost %.1f B each in %d pages, want at most 16", per, pages)
+	}
+	// Every id is known again, in any order and any batch.
+	for lo := ids - 1; lo >= 0; lo -= 700 {
+		var evs []Event
+		for i := lo; i > lo-700 && i >= 0; i-- {
+			evs = append(evs, ev(i))
+		}
+		for i, r := range observe(t, e, evs...) {
+			if !r.Duplicate {
+				t.Fatalf("redelivery of %s counted again", evs[i].ID)
+			}
+		}
+	}
+	keys := rdb.Keys(ctx, prefix+":*").Val()
+	for _, k := range keys {
+		if ttl := rdb.PTTL(ctx, k).Val(); ttl <= 0 {
+			t.Errorf("key %s has no expiry (%v)", k, ttl)
+		}
+	}
+}
