@@ -16,6 +16,7 @@
 -- A group's state is one string, "<base>:s", read with one MGET for the
 -- whole call and written with one SET:
 --   header   version(3) dedup[cur] dedup[prev] tokens(4) nrings nstates npairs
+--            generation (bytes 80-83, +1 at every write: see cas.lua)
 --            dedup = slot level next count inlinebytes
 --   rings    per ring: tag until L npairs: a ring holds the events of one
 --            (filter, period) in buckets, for every rule that counts them;
@@ -54,7 +55,7 @@ local ids_until = (slot + 2) * dedup_ttl
 local ids_pxat = fmt('%d', ids_until)
 local PAGE = 128
 local VERSION = 3
-local HDR, HDR_SIZE = '<Bi8i1I2I4I4i8i1I2I4I4i8i8i8i8I2I2I4', 79
+local HDR, HDR_SIZE = '<Bi8i1I2I4I4i8i1I2I4I4i8i8i8i8I2I2I4I4', 83
 local RING, STATE, PAIR = 'i8i8i8I2', 'i8i8i8i8', 'i8I4'
 
 local rules, p = {}, 5
@@ -131,12 +132,13 @@ end
 local function load(g, raw)
   g.cur = {slot = slot, level = -1, next = 0, count = 0, inline = ''}
   g.prev = {slot = slot - 1, level = -1, next = 0, count = 0, inline = ''}
-  g.t1, g.t2, g.t3, g.t4 = 0, 0, 0, 0
+  g.t1, g.t2, g.t3, g.t4, g.gen = 0, 0, 0, 0, 0
   if not raw or #raw < HDR_SIZE or string.byte(raw, 1) ~= VERSION then
     g.rh, g.st, g.pv, g.ro = {}, {}, {}, {}
     return
   end
-  local _, cs, cl, cn, cc, cb, ps, pl, pn, pc, pb, t1, t2, t3, t4, nr, ns, np, pos = unpack_s(HDR, raw)
+  local _, cs, cl, cn, cc, cb, ps, pl, pn, pc, pb, t1, t2, t3, t4, nr, ns, np, gen, pos = unpack_s(HDR, raw)
+  g.gen = gen
   g.rh, pos = unpack_all(RING, 4, nr, raw, pos)
   g.st, pos = unpack_all(STATE, 4, ns, raw, pos)
   g.pv, pos = unpack_all(PAIR, 2, np, raw, pos)
@@ -599,7 +601,7 @@ local function save(g)
   end
   local hdr = pack(HDR, VERSION, c.slot, c.level, c.next, c.count, #c.inline,
                    pv.slot, pv.level, pv.next, pv.count, #pv.inline, g.t1, g.t2, g.t3, g.t4,
-                   #orh / 4, #ost / 4, npairs)
+                   #orh / 4, #ost / 4, npairs, (g.gen + 1) % 4294967296)
   if expiry <= now then expiry = now + 1000 end
   redis.call('SET', g.base .. ':s', hdr .. pack_all(RING, 4, orh) .. pack_all(STATE, 4, ost) ..
              concat(opv) .. c.inline .. pv.inline, 'PXAT', fmt('%d', expiry))
