@@ -546,6 +546,9 @@ func (b *bench) runKlaxon(ctx context.Context, bin, variant string, k int, first
 		"KLAXON_RULES_FILE": b.rulesYML,
 		"KLAXON_PREFIX":     kprefix,
 		"KLAXON_LOG_LEVEL":  "info",
+		// The sink listens on loopback: endpoints from rules reach it only
+		// when the operator allows it.
+		"KLAXON_ALLOW_PRIVATE_NETWORKS": "127.0.0.0/8,::1/128",
 	}
 	for key, v := range b.o.workerEnv {
 		env[key] = v

@@ -213,6 +213,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		"KLAXON_RULES_FILE":   filepath.Join(dir, "rules.yaml"),
 		"KLAXON_SEND_TIMEOUT": sendTimeout.String(),
 		"KLAXON_LOG_LEVEL":    cfg.LogLevel,
+		// The sink listens on loopback: endpoints from rules reach it only
+		// when the operator allows it.
+		"KLAXON_ALLOW_PRIVATE_NETWORKS": "127.0.0.0/8,::1/128",
 	}), dir, cfg.Workers, log)
 	s, err := newSink(f.pids)
 	if err != nil {

@@ -110,7 +110,10 @@ func run(ctx context.Context, workerBin, devmongoBin, mongoAddr, amqpURL, redisU
 		"KLAXON_AMQP_URL="+amqpURL, "KLAXON_REDIS_URL="+redisURL, "KLAXON_MONGO_URL="+mongoURL,
 		"KLAXON_QUEUE="+queue, "KLAXON_PREFIX=klaxon-demo", "KLAXON_HTTP_ADDR=127.0.0.1:9465",
 		"KLAXON_SMTP_ADDR="+smtpAddr, "KLAXON_SMTP_FROM=klaxon@example.com", "KLAXON_SMTP_TLS=none",
-		"KLAXON_LOG_LEVEL=warn")
+		"KLAXON_LOG_LEVEL=warn",
+		// The demo's webhook listens on loopback, which endpoints from rules
+		// may not reach unless the operator allows it.
+		"KLAXON_ALLOW_PRIVATE_NETWORKS=127.0.0.0/8,::1/128")
 	worker.Stdout, worker.Stderr = os.Stdout, os.Stderr
 	if err := worker.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", workerBin, err)

@@ -104,6 +104,7 @@ func TestBinaryRejectsInvalidSetting(t *testing.T) {
 		{"KLAXON_AMQP_URL=http://guest:s3cret@127.0.0.1/", "KLAXON_AMQP_URL"},
 		{"REDIS_URL=nope://x", "REDIS_URL"},
 		{"KLAXON_PREFIX={bad}", "KLAXON_PREFIX"},
+		{"KLAXON_ALLOW_PRIVATE_NETWORKS=10.0.0.1/8", "KLAXON_ALLOW_PRIVATE_NETWORKS"},
 	} {
 		cmd := exec.Command(bin)
 		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), tc.env}

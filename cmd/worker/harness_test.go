@@ -74,6 +74,11 @@ func newHarness(t *testing.T) *harness {
 		"KLAXON_TELEGRAM_API_URL": h.telegram.URL,
 		"KLAXON_RULES_REFRESH":    "200ms",
 		"KLAXON_LOG_LEVEL":        "debug",
+		// The fakes listen on loopback, which endpoints from rules may not
+		// reach unless the operator allows it.
+		"KLAXON_ALLOW_PRIVATE_NETWORKS": "127.0.0.0/8,::1/128",
+		"KLAXON_SLACK_HOSTS":            "127.0.0.1",
+		"KLAXON_TELEGRAM_HOOK_HOSTS":    "127.0.0.1",
 	}
 	var queues []string
 	for _, q := range []string{"deliveries", "failed"} {

@@ -37,6 +37,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/deliverer"
 	"github.com/klaxonhq/klaxon/internal/evaluator"
 	"github.com/klaxonhq/klaxon/internal/metrics"
+	"github.com/klaxonhq/klaxon/internal/netguard"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/notify/email"
 	"github.com/klaxonhq/klaxon/internal/notify/slack"
@@ -278,15 +279,22 @@ func ruleCache(cfg config.Config, log *slog.Logger, m *metrics.Metrics) (*store.
 // buildChannels makes the channels cfg configures. Webhook and Slack need
 // no settings; email and Telegram are there only when configured, and a
 // rule using them elsewhere fails its deliveries with a clear reason.
+//
+// Endpoints from rules (webhook and Slack URLs, Telegram hook URLs) are
+// written by untrusted users: they go through a netguard client, which
+// reaches the public internet and KLAXON_ALLOW_PRIVATE_NETWORKS only. What
+// the operator configured (the Bot API, SMTP) is trusted and is not.
 func buildChannels(cfg config.Config) (map[string]notify.Channel, error) {
 	// The deliverer sends up to its prefetch (64 jobs) at once, often to one
 	// host: keep that many connections open instead of net/http's 2 per host.
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.MaxIdleConnsPerHost = deliverPrefetch
-	client := &http.Client{Timeout: cfg.SendTimeout, Transport: transport}
+	trusted := &http.Client{Timeout: cfg.SendTimeout, Transport: transport}
+	fromRules := cfg.EndpointPolicy().Client(netguard.ClientOptions{
+		Timeout: cfg.SendTimeout, MaxIdleConnsPerHost: deliverPrefetch})
 	channels := map[string]notify.Channel{
-		rules.Webhook: webhook.New(client),
-		rules.Slack:   slack.New(client),
+		rules.Webhook: webhook.New(fromRules),
+		rules.Slack:   &slack.Notifier{Client: fromRules, Hosts: cfg.SlackPatterns()},
 	}
 	if cfg.EmailEnabled() {
 		e, err := email.New(email.Config{
@@ -301,7 +309,8 @@ func buildChannels(cfg config.Config) (map[string]notify.Channel, error) {
 	// Telegram is there without a token too: Hawk's rules send through hook
 	// URLs of CodeX's notify bot, which need none; a chat id then fails with
 	// that reason.
-	t, err := telegram.New(telegram.Config{Token: cfg.TelegramToken, APIURL: cfg.TelegramAPI, Client: client})
+	t, err := telegram.New(telegram.Config{Token: cfg.TelegramToken, APIURL: cfg.TelegramAPI, Client: trusted,
+		HookClient: fromRules, HookHosts: cfg.TelegramHookPatterns()})
 	if err != nil {
 		return nil, fmt.Errorf("telegram channel: %w", err)
 	}

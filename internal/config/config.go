@@ -53,6 +53,11 @@ const (
 	EnvRulesRefresh   = "KLAXON_RULES_REFRESH"
 	EnvSendTimeout    = "KLAXON_SEND_TIMEOUT"
 	EnvPprof          = "KLAXON_PPROF"
+	// Endpoints from rules (internal/netguard).
+	EnvAllowPrivateNetworks = "KLAXON_ALLOW_PRIVATE_NETWORKS"
+	EnvAllowPorts           = "KLAXON_ALLOW_PORTS"
+	EnvSlackHosts           = "KLAXON_SLACK_HOSTS"
+	EnvTelegramHookHosts    = "KLAXON_TELEGRAM_HOOK_HOSTS"
 )
 
 // Hawk's names for the same settings, and the defaults.
@@ -78,6 +83,9 @@ const (
 	defaultDedupTTL      = 10 * time.Minute
 	defaultRefresh       = 5 * time.Second
 	defaultSendTimeout   = 10 * time.Second
+	defaultAllowPorts    = "80,443"
+	defaultSlackHosts    = "hooks.slack.com/services/"
+	defaultTelegramHooks = "notify.bot.codex.so"
 )
 
 // Variable describes one environment variable Load reads.
@@ -116,6 +124,10 @@ func Variables() []Variable {
 		{EnvRulesRefresh, "", "5s", false, "how often rules are reloaded from MongoDB or the file"},
 		{EnvSendTimeout, "", "10s", false, "time limit of one delivery attempt to a provider"},
 		{EnvPprof, "", "false", false, "serve Go's profiler (net/http/pprof) under /debug/pprof/ on KLAXON_HTTP_ADDR"},
+		{EnvAllowPrivateNetworks, "", "", false, "CIDRs that endpoints from rules may reach besides the public internet, on any port"},
+		{EnvAllowPorts, "", defaultAllowPorts, false, "ports endpoints from rules may reach on public addresses"},
+		{EnvSlackHosts, "", defaultSlackHosts, false, "host[/path-prefix] patterns a Slack endpoint must match"},
+		{EnvTelegramHookHosts, "", defaultTelegramHooks, false, "host[/path-prefix] patterns a Telegram hook URL must match"},
 	}
 }
 
@@ -150,6 +162,13 @@ type Config struct {
 	RulesRefresh  time.Duration // KLAXON_RULES_REFRESH, > 0
 	SendTimeout   time.Duration // KLAXON_SEND_TIMEOUT, > 0
 	Pprof         bool          // KLAXON_PPROF: serve /debug/pprof/ on HTTPAddr
+	// What endpoints from rules may reach, in canonical comma-separated
+	// form (kept as strings so that a Config compares with ==); use
+	// EndpointPolicy, SlackPatterns and TelegramHookPatterns.
+	AllowPrivateNetworks string // KLAXON_ALLOW_PRIVATE_NETWORKS, e.g. "127.0.0.0/8,::1/128"; "" = none
+	AllowPorts           string // KLAXON_ALLOW_PORTS, e.g. "80,443"
+	SlackHosts           string // KLAXON_SLACK_HOSTS
+	TelegramHookHosts    string // KLAXON_TELEGRAM_HOOK_HOSTS
 }
 
 // EmailEnabled reports whether the email channel is configured.
@@ -299,6 +318,7 @@ func Load(getenv func(string) string) (Config, error) {
 	c.RulesRefresh = l.duration(EnvRulesRefresh, defaultRefresh)
 	c.SendTimeout = l.duration(EnvSendTimeout, defaultSendTimeout)
 	c.Pprof = l.boolean(EnvPprof)
+	l.endpoints(&c)
 
 	switch len(l.errs) {
 	case 0:

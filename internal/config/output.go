@@ -40,6 +40,10 @@ func (c Config) attrs() []slog.Attr {
 		slog.String("rules_refresh", c.RulesRefresh.String()),
 		slog.String("send_timeout", c.SendTimeout.String()),
 		slog.Bool("pprof", c.Pprof),
+		slog.String("allow_private_networks", c.AllowPrivateNetworks),
+		slog.String("allow_ports", c.AllowPorts),
+		slog.String("slack_hosts", c.SlackHosts),
+		slog.String("telegram_hook_hosts", c.TelegramHookHosts),
 	}
 }
 

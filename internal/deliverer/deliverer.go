@@ -24,6 +24,7 @@ import (
 
 	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/metrics"
+	"github.com/klaxonhq/klaxon/internal/netguard"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
@@ -115,6 +116,8 @@ type Deliverer struct {
 	// failed right after a send), by claim key: when the job comes back,
 	// the outcome is recorded and the message is not sent again.
 	unrecorded sync.Map // string → unrecorded
+	// refused is which rules' refused endpoints were logged lately.
+	refused *refusals
 }
 
 type unrecorded struct {
@@ -153,6 +156,7 @@ func New(cfg Config, channels map[string]notify.Channel, rdb redis.UniversalClie
 		flush:    redis.NewScript(flushLua),
 		drop:     redis.NewScript(dropLua),
 		token:    strconv.FormatInt(n.Int64(), 36),
+		refused:  newRefusals(),
 	}
 }
 
@@ -530,7 +534,16 @@ func (d *Deliverer) send(ctx context.Context, job *Job, key string, msg *notify.
 		d.metrics.Notifications.WithLabelValues(job.Channel, "retried").Inc()
 		return d.schedule(ctx, &next, delay, true)
 	}
-	log.Error("notification failed for good", "error", err, "retryable", retry)
+	switch {
+	case !netguard.IsRefused(err):
+		log.Error("notification failed for good", "error", err, "retryable", retry)
+	case d.refused.first(job.ProjectID+"\x00"+job.RuleID+"\x00"+job.Channel, time.Now()):
+		// The reason names an address or host, never the endpoint URL.
+		log.Error("endpoint refused",
+			"error", err)
+	default:
+		log.Debug("notification failed for good", "error", err)
+	}
 	d.metrics.Notifications.WithLabelValues(job.Channel, "failed").Inc()
 	failed := *job
 	if msg.Digest {

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/klaxonhq/klaxon/internal/netguard"
 )
 
 // UserAgent is sent with every HTTP request a channel makes.
@@ -100,23 +102,30 @@ func CheckURL(channel, endpoint string) error {
 
 // TransportError describes an error from an HTTP client without the URL: a
 // *url.Error names it, and the URL may hold a token. Whatever the client
-// returns is worth retrying (connection refused, reset, timeout).
-func TransportError(channel string, err error) error {
+// returns is worth retrying (connection refused, reset, timeout), except a
+// connection the netguard policy refused, which would be refused again.
+func TransportError(channel string, err error) (retry bool, _ error) {
+	var refused *netguard.Error
+	if errors.As(err, &refused) {
+		// Without the "dial tcp …:" around it: the reason says it all.
+		return false, fmt.Errorf("%s: %w", channel, refused)
+	}
 	var ue *url.Error
 	if errors.As(err, &ue) {
 		// ue.Err says what failed ("dial tcp …: connection refused",
 		// "context deadline exceeded") without the path or query.
 		err = ue.Err
 	}
-	return fmt.Errorf("%s: request failed: %w", channel, err)
+	return true, fmt.Errorf("%s: request failed: %w", channel, err)
 }
 
 // PostJSON POSTs body, encoded as JSON, to endpoint with header added, and
 // says whether a failure is worth retrying: network errors, timeouts, 5xx,
-// 408 and 429 are; other 4xx and a malformed endpoint are not. A retryable
-// status with Retry-After (429, 503) yields an error implementing
-// RetryAfter. Errors name the
-// channel and status, never the endpoint.
+// 408 and 429 are; other 4xx, a 3xx (redirects are not followed), a
+// malformed endpoint and one the client's netguard policy refuses are not.
+// A retryable status with Retry-After (429, 503) yields an error
+// implementing RetryAfter. Errors name the channel and status, never the
+// endpoint.
 func PostJSON(ctx context.Context, client *http.Client, channel, endpoint string, header http.Header, body any) (retry bool, err error) {
 	data, err := json.Marshal(body)
 	if err != nil {
@@ -134,6 +143,9 @@ func post(ctx context.Context, client *http.Client, channel, endpoint string, he
 	if err := CheckURL(channel, endpoint); err != nil {
 		return false, err
 	}
+	if err := netguard.CheckEndpoint(endpoint, nil, ""); err != nil {
+		return false, fmt.Errorf("%s: %w", channel, err)
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, bytes.NewReader(data))
 	if err != nil {
 		return false, fmt.Errorf("%s: build request: %w", channel, err)
@@ -143,36 +155,30 @@ func post(ctx context.Context, client *http.Client, channel, endpoint string, he
 	for k, vs := range header {
 		req.Header[http.CanonicalHeaderKey(k)] = vs
 	}
-	resp, err := PostOnly(client).Do(req)
+	resp, err := NoRedirects(client).Do(req)
 	if err != nil {
-		return true, TransportError(channel, err)
+		return TransportError(channel, err)
 	}
 	return CheckResponse(channel, resp, URLSecrets(endpoint)...)
 }
 
-// PostOnly returns a copy of client (sharing its transport) that does not
-// follow a redirect turning the POST into a GET (301, 302, 303): the GET's
-// 2xx would pass for a delivery. The 3xx is reported instead, as permanent.
-// A nil client stands for http.DefaultClient.
-func PostOnly(client *http.Client) *http.Client {
+// NoRedirects returns a copy of client (sharing its transport) that follows
+// no redirect: the 3xx is the answer, reported as a permanent failure. A
+// 301-303 would turn the POST into a GET whose 2xx passes for a delivery; a
+// 307 or 308 would repeat the POST wherever the endpoint points, inside
+// Klaxon's network too, with the original URL in its Referer. A nil client
+// stands for http.DefaultClient.
+func NoRedirects(client *http.Client) *http.Client {
 	if client == nil {
 		client = http.DefaultClient
 	}
 	c := *client
-	next := client.CheckRedirect
-	c.CheckRedirect = func(req *http.Request, via []*http.Request) error {
-		switch {
-		case req.Method != http.MethodPost:
-			return http.ErrUseLastResponse
-		case next != nil:
-			return next(req, via)
-		case len(via) >= 10:
-			return errors.New("stopped after 10 redirects")
-		}
-		return nil
-	}
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	return &c
 }
+
+// RedirectReason is the reason of an HTTPError for a 3xx.
+const RedirectReason = "the endpoint redirected, and Klaxon follows no redirect: put the final URL in the rule"
 
 // CheckResponse classifies resp the way PostJSON does, and drains and closes
 // its body so the connection can be reused. Secrets (the request URL and its
@@ -182,7 +188,13 @@ func CheckResponse(channel string, resp *http.Response, secrets ...string) (retr
 	if resp.StatusCode/100 == 2 {
 		return false, nil
 	}
-	herr := &HTTPError{Channel: channel, StatusCode: resp.StatusCode, Reason: ReadReason(resp.Body, secrets...)}
+	herr := &HTTPError{Channel: channel, StatusCode: resp.StatusCode}
+	if resp.StatusCode/100 == 3 {
+		// Not the body: a redirect page repeats where it points.
+		herr.Reason = RedirectReason
+	} else {
+		herr.Reason = ReadReason(resp.Body, secrets...)
+	}
 	if !RetryableStatus(resp.StatusCode) {
 		return false, herr
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/klaxonhq/klaxon/internal/netguard"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/notify/notifytest"
 )
@@ -238,5 +239,55 @@ func TestReasonCutInsideTheURL(t *testing.T) {
 	token := strings.TrimPrefix(sink.Path, "/hooks/")
 	if msg := err.Error(); strings.Contains(msg, token[:4]) {
 		t.Errorf("error %q shows the start of the token %q", msg, token)
+	}
+}
+
+// A 307 or 308 would repeat the POST, with its Referer the full original
+// URL, wherever the endpoint points: inside Klaxon's network too. No
+// redirect is followed, and the 3xx is permanent with a reason that says so.
+func TestPostJSONFollowsNoRedirect(t *testing.T) {
+	for _, code := range []int{http.StatusTemporaryRedirect, http.StatusPermanentRedirect} {
+		var followed atomic.Int32
+		mux := http.NewServeMux()
+		mux.HandleFunc("POST /old", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/inside", code) })
+		mux.HandleFunc("/inside", func(w http.ResponseWriter, r *http.Request) { followed.Add(1) })
+		srv := httptest.NewServer(mux)
+		t.Cleanup(srv.Close)
+		retry, err := notify.PostJSON(context.Background(), srv.Client(), "webhook", srv.URL+"/old", nil, "x")
+		var herr *notify.HTTPError
+		if retry || !errors.As(err, &herr) || herr.StatusCode != code || followed.Load() != 0 {
+			t.Errorf("%d: PostJSON = %t, %v after %d followed; want a permanent %d", code, retry, err, followed.Load(), code)
+		} else if !strings.Contains(err.Error(), "the endpoint redirected") {
+			t.Errorf("%d: reason %q does not say the endpoint redirected", code, err)
+		}
+	}
+}
+
+// user:pass@ in an endpoint would become an Authorization header, and is a
+// credential in a rule; the send is refused before any request.
+func TestPostJSONRefusesCredentialsInURL(t *testing.T) {
+	sink := notifytest.NewWebhookSink(t)
+	withUser := strings.Replace(sink.URL, "http://", "http://admin:s3cret@", 1)
+	retry, err := notify.PostJSON(context.Background(), nil, "webhook", withUser, nil, "x")
+	if retry || !netguard.IsRefused(err) || strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("PostJSON = %t, %v; want a permanent refusal without the password", retry, err)
+	}
+	if n := len(sink.Requests()); n != 0 {
+		t.Errorf("the endpoint got %d requests", n)
+	}
+}
+
+// A connection the client's policy refuses is refused again next time:
+// permanent, with the reason, without the URL.
+func TestPostJSONRefusedAddressIsPermanent(t *testing.T) {
+	sink := notifytest.NewWebhookSink(t)
+	client := netguard.Policy{}.Client(netguard.ClientOptions{})
+	retry, err := notify.PostJSON(context.Background(), client, "webhook", sink.URL, nil, "x")
+	if retry || !netguard.IsRefused(err) || !strings.Contains(err.Error(), "127.0.0.1, a loopback address") ||
+		strings.Contains(err.Error(), sink.Path) {
+		t.Errorf("PostJSON = %t, %v; want a permanent refusal naming the address", retry, err)
+	}
+	if n := len(sink.Requests()); n != 0 {
+		t.Errorf("the endpoint got %d requests", n)
 	}
 }

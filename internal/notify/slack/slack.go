@@ -14,6 +14,7 @@ import (
 
 	slackapi "github.com/slack-go/slack"
 
+	"github.com/klaxonhq/klaxon/internal/netguard"
 	"github.com/klaxonhq/klaxon/internal/notify"
 )
 
@@ -33,9 +34,15 @@ const (
 
 // Notifier posts messages to Slack incoming-webhook URLs (the endpoint,
 // which is a secret: errors never contain it). The zero value uses
-// http.DefaultClient; deadlines come from the context of each call.
+// http.DefaultClient and takes any host; deadlines come from the context of
+// each call.
 type Notifier struct {
+	// Client makes the requests; for endpoints from rules, a netguard
+	// client.
 	Client *http.Client
+	// Hosts, when not nil, are the patterns an endpoint must match
+	// (KLAXON_SLACK_HOSTS); any other fails for good.
+	Hosts []netguard.Pattern
 }
 
 var _ notify.Channel = (*Notifier)(nil)
@@ -51,13 +58,12 @@ func (n *Notifier) Notify(ctx context.Context, webhookURL string, m *notify.Mess
 	if err := notify.CheckMessage(m); err != nil {
 		return false, err
 	}
-	if err := notify.CheckURL(Name, webhookURL); err != nil {
-		return false, err
+	if err := netguard.CheckEndpoint(webhookURL, n.Hosts, "KLAXON_SLACK_HOSTS"); err != nil {
+		return false, fmt.Errorf("%s: %w", Name, err)
 	}
-	// A copy that shares the transport and its connections, and does not
-	// let a redirect turn the POST into a GET whose 200 passes for a
-	// delivery.
-	client := notify.PostOnly(n.Client)
+	// A copy that shares the transport and its connections, and follows no
+	// redirect (notify.NoRedirects says why).
+	client := notify.NoRedirects(n.Client)
 	rec := &recorder{base: client.Transport, secrets: notify.URLSecrets(webhookURL)}
 	client.Transport = rec
 	err = slackapi.PostWebhookCustomHTTPContext(ctx, webhookURL, client, payload(m))
@@ -90,7 +96,7 @@ func classify(err error, rec *recorder) (bool, error) {
 	default:
 		// Connection refused, reset, timeout: slack-go wraps the client's
 		// *url.Error, whose text holds the URL.
-		return true, notify.TransportError(Name, err)
+		return notify.TransportError(Name, err)
 	}
 }
 
@@ -127,6 +133,9 @@ func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 func (r *recorder) httpError(code int) *notify.HTTPError {
+	if code/100 == 3 {
+		return &notify.HTTPError{Channel: Name, StatusCode: code, Reason: notify.RedirectReason}
+	}
 	return &notify.HTTPError{Channel: Name, StatusCode: code, Reason: notify.ReadReason(&r.body, r.secrets...)}
 }
 

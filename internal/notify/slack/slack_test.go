@@ -7,11 +7,13 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/klaxonhq/klaxon/internal/netguard"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/notify/notifytest"
 	"github.com/klaxonhq/klaxon/internal/notify/slack"
@@ -272,5 +274,58 @@ func TestTitleShownAsTyped(t *testing.T) {
 	}
 	if all := strings.Join(blockTexts(onlyRequest(t, srv)), "\n"); !strings.Contains(all, "• "+want+" — ") {
 		t.Errorf("digest blocks %q lack the title in a code span %q", all, want)
+	}
+}
+
+// Slack endpoints are Slack's: a rule's URL on another host (or another
+// path of Slack's) fails for good before any request, naming the host and
+// the setting, never the URL.
+func TestEndpointOutsideSlackHostsRefused(t *testing.T) {
+	srv := notifytest.NewSlackServer(t)
+	hosts, err := netguard.ParsePatterns("hooks.slack.com/services/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &slack.Notifier{Hosts: hosts}
+	retry, err := n.Notify(context.Background(), srv.URL, single(threshold("n-1", "A")))
+	if retry || !netguard.IsRefused(err) || !strings.Contains(err.Error(), "KLAXON_SLACK_HOSTS") ||
+		strings.Contains(err.Error(), srv.URL) {
+		t.Errorf("Notify = %t, %v; want a permanent refusal naming KLAXON_SLACK_HOSTS", retry, err)
+	}
+	if len(srv.Requests()) != 0 {
+		t.Errorf("the server got %d requests", len(srv.Requests()))
+	}
+	// The same server, once its host is a pattern, gets the message.
+	local, _ := netguard.ParsePatterns("127.0.0.1")
+	n.Hosts = local
+	if _, err := n.Notify(context.Background(), srv.URL, single(threshold("n-2", "A"))); err != nil {
+		t.Errorf("127.0.0.1 allowed: %v", err)
+	}
+}
+
+// Through a netguard client: a loopback endpoint is refused for good, a
+// 307 to elsewhere is not followed.
+func TestGuardedClient(t *testing.T) {
+	srv := notifytest.NewSlackServer(t)
+	retry, err := slack.New(netguard.Policy{}.Client(netguard.ClientOptions{})).
+		Notify(context.Background(), srv.URL, single(threshold("n-1", "A")))
+	if retry || !netguard.IsRefused(err) || !strings.Contains(err.Error(), "loopback") {
+		t.Errorf("loopback: Notify = %t, %v; want a permanent refusal", retry, err)
+	}
+
+	var followed atomic.Int32
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /services/old", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/inside", http.StatusTemporaryRedirect)
+	})
+	mux.HandleFunc("/inside", func(w http.ResponseWriter, r *http.Request) { followed.Add(1) })
+	redirecting := httptest.NewServer(mux)
+	t.Cleanup(redirecting.Close)
+	client := netguard.Policy{Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}.Client(netguard.ClientOptions{})
+	retry, err = slack.New(client).Notify(context.Background(), redirecting.URL+"/services/old", single(threshold("n-2", "A")))
+	var herr *notify.HTTPError
+	if retry || !errors.As(err, &herr) || herr.StatusCode != http.StatusTemporaryRedirect || followed.Load() != 0 ||
+		!strings.Contains(err.Error(), "redirected") {
+		t.Errorf("307: Notify = %t, %v after %d followed; want a permanent 307 saying it redirected", retry, err, followed.Load())
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	tgbotapi "github.com/go-telegram-bot-api/telegram-bot-api/v5"
 
+	"github.com/klaxonhq/klaxon/internal/netguard"
 	"github.com/klaxonhq/klaxon/internal/notify"
 )
 
@@ -46,16 +47,25 @@ type Config struct {
 	// APIURL is the Bot API's base URL; empty means DefaultAPIURL. Method
 	// URLs are {APIURL}/bot{Token}/{method}.
 	APIURL string
-	// Client makes the requests; nil means http.DefaultClient. Deadlines
-	// come from the context of each call.
+	// Client makes the requests to the Bot API, which the operator
+	// configured; nil means http.DefaultClient. Deadlines come from the
+	// context of each call.
 	Client *http.Client
+	// HookClient makes the requests to hook URLs, which come from rules: a
+	// netguard client. nil means Client.
+	HookClient *http.Client
+	// HookHosts, when not nil, are the patterns a hook URL must match
+	// (KLAXON_TELEGRAM_HOOK_HOSTS); any other fails for good.
+	HookHosts []netguard.Pattern
 }
 
 // Notifier sends messages to Telegram chats.
 type Notifier struct {
-	token    string
-	endpoint string // tgbotapi's format: {api}/bot%s/%s
-	client   *http.Client
+	token      string
+	endpoint   string // tgbotapi's format: {api}/bot%s/%s
+	client     *http.Client
+	hookClient *http.Client
+	hookHosts  []netguard.Pattern
 }
 
 var _ notify.Channel = (*Notifier)(nil)
@@ -78,11 +88,17 @@ func New(cfg Config) (*Notifier, error) {
 	if client == nil {
 		client = http.DefaultClient
 	}
+	hookClient := cfg.HookClient
+	if hookClient == nil {
+		hookClient = client
+	}
 	return &Notifier{
 		token: cfg.Token,
 		// A % in the base URL would read as a verb of tgbotapi's format.
-		endpoint: strings.ReplaceAll(api, "%", "%%") + "/bot%s/%s",
-		client:   client,
+		endpoint:   strings.ReplaceAll(api, "%", "%%") + "/bot%s/%s",
+		client:     client,
+		hookClient: hookClient,
+		hookHosts:  cfg.HookHosts,
 	}, nil
 }
 
@@ -103,7 +119,10 @@ func (n *Notifier) Notify(ctx context.Context, chatID string, m *notify.Message)
 		return false, errors.New("telegram: empty chat id")
 	}
 	if IsHook(chatID) {
-		retry, err = notify.PostForm(ctx, n.client, Name, chatID,
+		if err := netguard.CheckEndpoint(chatID, n.hookHosts, "KLAXON_TELEGRAM_HOOK_HOSTS"); err != nil {
+			return false, fmt.Errorf("%s: %w", Name, err)
+		}
+		retry, err = notify.PostForm(ctx, n.hookClient, Name, chatID,
 			url.Values{"parse_mode": {tgbotapi.ModeHTML}, "message": {Text(m)}})
 		return retry, notify.RedactError(err, notify.URLSecrets(chatID)...)
 	}
@@ -153,7 +172,7 @@ func classify(err error, status int) (bool, error) {
 		}
 		return true, notify.WithRetryAfter(e, time.Duration(apiErr.RetryAfter)*time.Second)
 	case errors.As(err, &urlErr):
-		return true, notify.TransportError(Name, err)
+		return notify.TransportError(Name, err)
 	case status != 0:
 		// The body was not the Bot API's JSON: a proxy's error page.
 		herr := &notify.HTTPError{Channel: Name, StatusCode: status, Reason: "response is not Bot API JSON"}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/klaxonhq/klaxon/internal/netguard"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/notify/notifytest"
 	"github.com/klaxonhq/klaxon/internal/notify/telegram"
@@ -318,4 +319,44 @@ func TestHawkHookEndpoint(t *testing.T) {
 	if err == nil || retry || !strings.Contains(err.Error(), "no bot token") {
 		t.Errorf("a chat id without a token: retry %t, err %v; want a permanent error saying so", retry, err)
 	}
+}
+
+// Hook URLs come from rules: only the notify bot's hosts are taken, through
+// the hook client (a netguard client), while the Bot API, which the
+// operator configured, is reached with the trusted client even on
+// loopback.
+func TestHookHostsAndClient(t *testing.T) {
+	hook := &codexHook{}
+	hookSrv := httptest.NewServer(hook)
+	t.Cleanup(hookSrv.Close)
+	api := notifytest.NewTelegramServer(t, token)
+	codex, _ := netguard.ParsePatterns("notify.bot.codex.so")
+	n, err := telegram.New(telegram.Config{Token: token, APIURL: api.URL, HookHosts: codex,
+		HookClient: netguard.Policy{}.Client(netguard.ClientOptions{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := hookSrv.URL + "/u/S3CR3THOOK"
+	retry, err := n.Notify(context.Background(), endpoint, single(threshold("n-1", "t")))
+	if retry || !netguard.IsRefused(err) || !strings.Contains(err.Error(), "KLAXON_TELEGRAM_HOOK_HOSTS") ||
+		strings.Contains(err.Error(), "S3CR3THOOK") {
+		t.Errorf("hook on another host: retry %t, err %v; want a permanent refusal naming the setting", retry, err)
+	}
+	local, _ := netguard.ParsePatterns("127.0.0.1/u/")
+	n, err = telegram.New(telegram.Config{Token: token, APIURL: api.URL, HookHosts: local,
+		HookClient: netguard.Policy{}.Client(netguard.ClientOptions{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	retry, err = n.Notify(context.Background(), endpoint, single(threshold("n-2", "t")))
+	if retry || !netguard.IsRefused(err) || !strings.Contains(err.Error(), "loopback") {
+		t.Errorf("hook on loopback: retry %t, err %v; want a permanent refusal", retry, err)
+	}
+	if len(hook.forms) != 0 {
+		t.Errorf("the hook got %d messages", len(hook.forms))
+	}
+	if _, err := n.Notify(context.Background(), "-1001234", single(threshold("n-3", "t"))); err != nil {
+		t.Errorf("chat id through the Bot API on loopback: %v", err)
+	}
+	onlyRequest(t, api)
 }

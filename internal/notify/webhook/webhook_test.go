@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/klaxonhq/klaxon/internal/netguard"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/notify/notifytest"
 	"github.com/klaxonhq/klaxon/internal/notify/webhook"
@@ -208,4 +210,25 @@ func TestRejectsMalformedMessage(t *testing.T) {
 	if len(sink.Requests()) != 0 {
 		t.Error("a malformed message was sent")
 	}
+}
+
+// A webhook to 127.0.0.1 stands for one to anything inside Klaxon's
+// network: refused for good by default, delivered once the operator allows
+// the network.
+func TestLoopbackRefusedUnlessAllowed(t *testing.T) {
+	sink := notifytest.NewWebhookSink(t)
+	refusing := webhook.New(netguard.Policy{}.Client(netguard.ClientOptions{}))
+	retry, err := refusing.Notify(context.Background(), sink.URL, single(threshold("n-1", "A")))
+	if retry || !netguard.IsRefused(err) || !strings.Contains(err.Error(),
+		"webhook: endpoint refused: it resolves to 127.0.0.1, a loopback address; allow it with KLAXON_ALLOW_PRIVATE_NETWORKS") {
+		t.Errorf("Notify = %t, %v; want a permanent refusal", retry, err)
+	}
+	if n := len(sink.Requests()); n != 0 {
+		t.Fatalf("the sink got %d requests", n)
+	}
+	allowing := webhook.New(netguard.Policy{Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}.Client(netguard.ClientOptions{}))
+	if _, err := allowing.Notify(context.Background(), sink.URL, single(threshold("n-2", "A"))); err != nil {
+		t.Fatalf("allowed: %v", err)
+	}
+	onlyRequest(t, sink)
 }

@@ -1,0 +1,143 @@
+package config
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/klaxonhq/klaxon/internal/netguard"
+)
+
+// endpoints reads what endpoints from rules may reach, and stores each in
+// canonical form, so that writing a default out changes nothing.
+func (l *loader) endpoints(c *Config) {
+	c.AllowPrivateNetworks = ""
+	if s := l.lookup(EnvAllowPrivateNetworks, "", false); s.set() {
+		nets, err := parseNetworks(s.value)
+		if err != nil {
+			l.fail(s, err.Error())
+		}
+		c.AllowPrivateNetworks = joinStrings(nets)
+	}
+
+	c.AllowPorts = defaultAllowPorts
+	if s := l.lookup(EnvAllowPorts, "", false); s.set() {
+		ports, err := parsePorts(s.value)
+		if err != nil {
+			l.fail(s, err.Error())
+		} else {
+			c.AllowPorts = joinStrings(ports)
+		}
+	}
+
+	c.SlackHosts = l.patterns(EnvSlackHosts, defaultSlackHosts)
+	c.TelegramHookHosts = l.patterns(EnvTelegramHookHosts, defaultTelegramHooks)
+}
+
+func (l *loader) patterns(name, def string) string {
+	s := l.lookup(name, "", false)
+	if !s.set() {
+		return def
+	}
+	ps, err := netguard.ParsePatterns(s.value)
+	if err != nil {
+		l.fail(s, err.Error())
+		return def
+	}
+	return joinStrings(ps)
+}
+
+// parseNetworks reads comma-separated CIDRs; a bare address stands for
+// itself alone (/32, /128).
+func parseNetworks(v string) ([]netip.Prefix, error) {
+	var nets []netip.Prefix
+	for item := range strings.SplitSeq(v, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		if !strings.Contains(item, "/") {
+			a, err := netip.ParseAddr(item)
+			if err != nil || a.Zone() != "" {
+				return nil, fmt.Errorf("%q is not a CIDR (such as 10.0.0.0/8 or fd00::/8) or an IP address", item)
+			}
+			nets = append(nets, netip.PrefixFrom(a, a.BitLen()))
+			continue
+		}
+		p, err := netip.ParsePrefix(item)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a CIDR (such as 10.0.0.0/8 or fd00::/8)", item)
+		}
+		if p != p.Masked() {
+			// 10.0.0.1/8 is 10.0.0.0/8 to a router; a reader may have
+			// meant 10.0.0.1 alone.
+			return nil, fmt.Errorf("%q has bits set after its /%d: write %s, or %s/%d for the one address",
+				item, p.Bits(), p.Masked(), p.Addr(), p.Addr().BitLen())
+		}
+		nets = append(nets, p)
+	}
+	return nets, nil
+}
+
+func parsePorts(v string) ([]uint16, error) {
+	var ports []uint16
+	for item := range strings.SplitSeq(v, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		n, err := strconv.Atoi(item)
+		if err != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("%q is not a port from 1 to 65535", item)
+		}
+		if !slices.Contains(ports, uint16(n)) {
+			ports = append(ports, uint16(n))
+		}
+	}
+	if len(ports) == 0 {
+		return nil, fmt.Errorf("%q names no port", v)
+	}
+	return ports, nil
+}
+
+func joinStrings[T any](items []T) string {
+	s := make([]string, len(items))
+	for i, it := range items {
+		s[i] = fmt.Sprint(it)
+	}
+	return strings.Join(s, ",")
+}
+
+// EndpointPolicy is what endpoints from rules may reach:
+// KLAXON_ALLOW_PRIVATE_NETWORKS and KLAXON_ALLOW_PORTS.
+func (c Config) EndpointPolicy() netguard.Policy {
+	// Load validated both; a Config built by hand with bad values gets the
+	// strictest policy rather than a panic.
+	nets, _ := parseNetworks(c.AllowPrivateNetworks)
+	ports, err := parsePorts(c.AllowPorts)
+	if err != nil {
+		ports = nil
+	}
+	return netguard.Policy{Allow: nets, Ports: ports}
+}
+
+// SlackPatterns are the hosts a Slack endpoint must match (KLAXON_SLACK_HOSTS).
+func (c Config) SlackPatterns() []netguard.Pattern {
+	return mustPatterns(c.SlackHosts, defaultSlackHosts)
+}
+
+// TelegramHookPatterns are the hosts a Telegram hook URL must match
+// (KLAXON_TELEGRAM_HOOK_HOSTS).
+func (c Config) TelegramHookPatterns() []netguard.Pattern {
+	return mustPatterns(c.TelegramHookHosts, defaultTelegramHooks)
+}
+
+func mustPatterns(v, def string) []netguard.Pattern {
+	ps, err := netguard.ParsePatterns(v)
+	if err != nil {
+		ps, _ = netguard.ParsePatterns(def)
+	}
+	return ps
+}
