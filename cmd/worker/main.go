@@ -139,7 +139,9 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	dlv := deliverer.New(deliverer.Config{Prefix: cfg.Prefix, Queue: deliveryQueue(cfg), SendTimeout: cfg.SendTimeout},
+	deadBounds := queue.Bounds{MaxMessages: cfg.DeadMaxMessages, MaxBytes: cfg.DeadMaxBytes}
+	dlv := deliverer.New(deliverer.Config{Prefix: cfg.Prefix, Queue: deliveryQueue(cfg), SendTimeout: cfg.SendTimeout,
+		FailedBounds: deadBounds, DigestMaxFirings: cfg.DigestMaxFirings, DigestMaxBytes: cfg.DigestMaxBytes},
 		channels, rdb, pub, log.With("stage", "deliverer"), m)
 	if cfg.Role.Delivers() {
 		c, err := queue.NewConsumer(queue.ConsumerConfig{
@@ -194,7 +196,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			log.Warn("rules not loaded yet", "error", err)
 		}
 		if cfg.Role.Evaluates() {
-			if err := pub.Declare(ctx, cfg.DeadQueue(), nil); err != nil {
+			if err := pub.Declare(ctx, cfg.DeadQueue(), deadBounds.Args()); err != nil {
 				return fmt.Errorf("declare %s: %w", cfg.DeadQueue(), err)
 			}
 		}

@@ -58,6 +58,11 @@ const (
 	EnvAllowPorts           = "KLAXON_ALLOW_PORTS"
 	EnvSlackHosts           = "KLAXON_SLACK_HOSTS"
 	EnvTelegramHookHosts    = "KLAXON_TELEGRAM_HOOK_HOSTS"
+	// Bounds on what one project's firings and messages may take.
+	EnvDigestMaxFirings = "KLAXON_DIGEST_MAX_FIRINGS"
+	EnvDigestMaxBytes   = "KLAXON_DIGEST_MAX_BYTES"
+	EnvDeadMaxMessages  = "KLAXON_DEAD_MAX_MESSAGES"
+	EnvDeadMaxBytes     = "KLAXON_DEAD_MAX_BYTES"
 )
 
 // Hawk's names for the same settings, and the defaults.
@@ -86,6 +91,10 @@ const (
 	defaultAllowPorts    = "80,443"
 	defaultSlackHosts    = "hooks.slack.com/services/"
 	defaultTelegramHooks = "notify.bot.codex.so"
+	defaultDigestFirings = 500
+	defaultDigestBytes   = 1 << 20
+	defaultDeadMessages  = 100_000
+	defaultDeadBytes     = 256 << 20
 )
 
 // Variable describes one environment variable Load reads.
@@ -128,6 +137,10 @@ func Variables() []Variable {
 		{EnvAllowPorts, "", defaultAllowPorts, false, "ports endpoints from rules may reach on public addresses"},
 		{EnvSlackHosts, "", defaultSlackHosts, false, "host[/path-prefix] patterns a Slack endpoint must match"},
 		{EnvTelegramHookHosts, "", defaultTelegramHooks, false, "host[/path-prefix] patterns a Telegram hook URL must match"},
+		{EnvDigestMaxFirings, "", strconv.Itoa(defaultDigestFirings), false, "most firings one digest lists (1-10000); the rest are counted as omitted"},
+		{EnvDigestMaxBytes, "", "1MiB", false, "most bytes of firings one digest gathers (1KiB-16MiB); the rest are counted as omitted"},
+		{EnvDeadMaxMessages, "", strconv.Itoa(defaultDeadMessages), false, "most messages <queue>.dead and <prefix>.failed keep each; the oldest go first"},
+		{EnvDeadMaxBytes, "", "256MiB", false, "most bytes of bodies <queue>.dead and <prefix>.failed keep each; the oldest go first"},
 	}
 }
 
@@ -169,6 +182,14 @@ type Config struct {
 	AllowPorts           string // KLAXON_ALLOW_PORTS, e.g. "80,443"
 	SlackHosts           string // KLAXON_SLACK_HOSTS
 	TelegramHookHosts    string // KLAXON_TELEGRAM_HOOK_HOSTS
+	// DigestMaxFirings and DigestMaxBytes bound a (rule, channel)'s
+	// digest (KLAXON_DIGEST_MAX_FIRINGS, KLAXON_DIGEST_MAX_BYTES).
+	DigestMaxFirings int
+	DigestMaxBytes   int
+	// DeadMaxMessages and DeadMaxBytes bound <queue>.dead and
+	// <prefix>.failed (KLAXON_DEAD_MAX_MESSAGES, KLAXON_DEAD_MAX_BYTES).
+	DeadMaxMessages int
+	DeadMaxBytes    int64
 }
 
 // EmailEnabled reports whether the email channel is configured.
@@ -319,6 +340,10 @@ func Load(getenv func(string) string) (Config, error) {
 	c.SendTimeout = l.duration(EnvSendTimeout, defaultSendTimeout)
 	c.Pprof = l.boolean(EnvPprof)
 	l.endpoints(&c)
+	c.DigestMaxFirings = l.count(EnvDigestMaxFirings, defaultDigestFirings, 1, 10_000)
+	c.DigestMaxBytes = int(l.size(EnvDigestMaxBytes, defaultDigestBytes, 1<<10, 16<<20))
+	c.DeadMaxMessages = l.count(EnvDeadMaxMessages, defaultDeadMessages, 1, 100_000_000)
+	c.DeadMaxBytes = l.size(EnvDeadMaxBytes, defaultDeadBytes, 1<<20, 1<<40)
 
 	switch len(l.errs) {
 	case 0:
@@ -700,6 +725,58 @@ func (l *loader) groupsPerCall() int {
 		return defaultGroupsPerCall
 	}
 	return n
+}
+
+// count reads a whole number from lo to hi.
+func (l *loader) count(name string, def, lo, hi int) int {
+	s := l.lookup(name, "", false)
+	if !s.set() {
+		return def
+	}
+	n, err := strconv.Atoi(s.value)
+	if err != nil || n < lo || n > hi {
+		l.fail(s, fmt.Sprintf("%q is not a whole number from %d to %d", s.value, lo, hi))
+		return def
+	}
+	return n
+}
+
+// sizeUnits are the suffixes size accepts, in bytes.
+var sizeUnits = []struct {
+	suffix string
+	bytes  int64
+}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}}
+
+// size reads a number of bytes from lo to hi: a whole number, optionally
+// followed by B, KiB, MiB or GiB ("256MiB").
+func (l *loader) size(name string, def, lo, hi int64) int64 {
+	s := l.lookup(name, "", false)
+	if !s.set() {
+		return def
+	}
+	num, unit := s.value, int64(1)
+	for _, u := range sizeUnits {
+		if rest, ok := strings.CutSuffix(s.value, u.suffix); ok {
+			num, unit = strings.TrimSpace(rest), u.bytes
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < lo/unit || n > hi/unit || n*unit < lo {
+		l.fail(s, fmt.Sprintf("%q is not a size from %s to %s (a whole number of bytes, or of KiB, MiB, GiB)", s.value, formatSize(lo), formatSize(hi)))
+		return def
+	}
+	return n * unit
+}
+
+// formatSize writes n bytes in the largest unit that divides it.
+func formatSize(n int64) string {
+	for _, u := range sizeUnits {
+		if n >= u.bytes && n%u.bytes == 0 {
+			return strconv.FormatInt(n/u.bytes, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(n, 10) + "B"
 }
 
 // boolean reads a true/false variable (1, t, true, 0, f, false, any case);

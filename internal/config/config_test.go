@@ -45,6 +45,11 @@ func TestLoadDefaults(t *testing.T) {
 		AllowPorts:        "80,443",
 		SlackHosts:        "hooks.slack.com/services/",
 		TelegramHookHosts: "notify.bot.codex.so",
+
+		DigestMaxFirings: 500,
+		DigestMaxBytes:   1 << 20,
+		DeadMaxMessages:  100_000,
+		DeadMaxBytes:     256 << 20,
 	}
 	if got != want {
 		t.Errorf("defaults:\n got %#v\nwant %#v", got, want)
@@ -195,6 +200,11 @@ func TestLoadValues(t *testing.T) {
 		{"prefix", map[string]string{EnvPrefix: "klaxon-staging:v2"}, func(c Config) bool { return c.Prefix == "klaxon-staging:v2" }},
 		{"pprof", map[string]string{EnvPprof: "TRUE"}, func(c Config) bool { return c.Pprof }},
 		{"pprof off", map[string]string{EnvPprof: "0"}, func(c Config) bool { return !c.Pprof }},
+		{"bounds", map[string]string{EnvDigestMaxFirings: "50", EnvDigestMaxBytes: "64KiB", EnvDeadMaxMessages: "1000", EnvDeadMaxBytes: "1GiB"},
+			func(c Config) bool {
+				return c.DigestMaxFirings == 50 && c.DigestMaxBytes == 64<<10 && c.DeadMaxMessages == 1000 && c.DeadMaxBytes == 1<<30
+			}},
+		{"size in bytes", map[string]string{EnvDigestMaxBytes: "2048"}, func(c Config) bool { return c.DigestMaxBytes == 2048 }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -272,6 +282,11 @@ func TestLoadInvalid(t *testing.T) {
 		{map[string]string{EnvRulesRefresh: "0s"}, EnvRulesRefresh, "not positive"},
 		{map[string]string{EnvSendTimeout: "-1s"}, EnvSendTimeout, "not positive"},
 		{map[string]string{EnvPprof: "yes"}, EnvPprof, `"yes" is not true or false`},
+		{map[string]string{EnvDigestMaxFirings: "0"}, EnvDigestMaxFirings, "from 1 to 10000"},
+		{map[string]string{EnvDigestMaxBytes: "1MB"}, EnvDigestMaxBytes, "not a size from 1KiB to 16MiB"},
+		{map[string]string{EnvDigestMaxBytes: "100"}, EnvDigestMaxBytes, "not a size from 1KiB"},
+		{map[string]string{EnvDeadMaxMessages: "lots"}, EnvDeadMaxMessages, "not a whole number"},
+		{map[string]string{EnvDeadMaxBytes: "-1MiB"}, EnvDeadMaxBytes, "not a size"},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprint(tt.env), func(t *testing.T) {

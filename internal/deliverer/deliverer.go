@@ -85,6 +85,9 @@ type Config struct {
 	// FailedQueue receives notifications that could not be sent, with the
 	// reason in the x-klaxon-error header [<prefix>.failed].
 	FailedQueue string
+	// FailedBounds bound the failed queue, which nothing consumes: past
+	// them its oldest messages go [queue.Bounds defaults].
+	FailedBounds queue.Bounds
 	// MaxAttempts is how many sends are tried before giving up [12: about
 	// 17 minutes of exponential backoff].
 	MaxAttempts int
@@ -96,7 +99,18 @@ type Config struct {
 	// Limits pace each destination of a channel, by channel name
 	// [DefaultLimits]. A message over a limit waits; it is never dropped.
 	Limits map[string][]counter.Limit
+	// DigestMaxFirings and DigestMaxBytes bound what one (rule, channel)
+	// gathers during its minPeriod [500 firings, 1 MiB of jobs]: firings
+	// past either are counted, and the digest says how many it left out.
+	DigestMaxFirings int
+	DigestMaxBytes   int
 }
+
+// Defaults of the digest bounds.
+const (
+	DefaultDigestMaxFirings = 500
+	DefaultDigestMaxBytes   = 1 << 20
+)
 
 // Deliverer sends delivery jobs through the channels.
 type Deliverer struct {
@@ -148,6 +162,12 @@ func New(cfg Config, channels map[string]notify.Channel, rdb redis.UniversalClie
 	if cfg.Keep <= 0 {
 		cfg.Keep = 48 * time.Hour
 	}
+	if cfg.DigestMaxFirings <= 0 {
+		cfg.DigestMaxFirings = DefaultDigestMaxFirings
+	}
+	if cfg.DigestMaxBytes <= 0 {
+		cfg.DigestMaxBytes = DefaultDigestMaxBytes
+	}
 	n, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
 	return &Deliverer{
 		cfg: cfg, channels: channels, rdb: rdb, pub: pub, log: log, metrics: m,
@@ -165,10 +185,11 @@ func (d *Deliverer) Queue() string { return d.cfg.Queue }
 
 // Declare declares the delivery, failed and retry queues.
 func (d *Deliverer) Declare(ctx context.Context, q Declarer) error {
-	for _, name := range []string{d.cfg.Queue, d.cfg.FailedQueue} {
-		if err := q.Declare(ctx, name, nil); err != nil {
-			return fmt.Errorf("declare %s: %w", name, err)
-		}
+	if err := q.Declare(ctx, d.cfg.Queue, nil); err != nil {
+		return fmt.Errorf("declare %s: %w", d.cfg.Queue, err)
+	}
+	if err := q.Declare(ctx, d.cfg.FailedQueue, d.cfg.FailedBounds.Args()); err != nil {
+		return fmt.Errorf("declare %s: %w", d.cfg.FailedQueue, err)
 	}
 	for _, delay := range delays {
 		if err := q.DeclareDelay(ctx, d.delayQueue(delay), d.cfg.Queue, delay); err != nil {
@@ -286,9 +307,15 @@ func (d *Deliverer) deliver(ctx context.Context, job *Job, token string) error {
 	}
 
 	if job.MinPeriod > 0 && !job.Throttled {
-		gathered, err := d.gather(ctx, job)
+		gathered, omitted, err := d.gather(ctx, job)
 		if err != nil {
 			return err
+		}
+		if omitted {
+			// Counted in the digest's "omitted", not listed: the digest
+			// is full.
+			d.metrics.Notifications.WithLabelValues(job.Channel, "omitted").Inc()
+			return d.record(ctx, key, "omitted")
 		}
 		if gathered {
 			d.metrics.Notifications.WithLabelValues(job.Channel, "digested").Inc()
@@ -301,27 +328,32 @@ func (d *Deliverer) deliver(ctx context.Context, job *Job, token string) error {
 	return d.send(ctx, job, key, msg, func(ctx context.Context) error { return d.rdb.Del(ctx, key).Err() }, nil)
 }
 
-// gather passes a job through its channel's minPeriod: false means send it
-// now, true that it waits for the digest, whose flush it scheduled if needed.
-func (d *Deliverer) gather(ctx context.Context, job *Job) (bool, error) {
+// gather passes a job through its channel's minPeriod: gathered false
+// means send it now, true that it waits for the digest, whose flush it
+// scheduled if needed; omitted that the digest was full and only counts it.
+func (d *Deliverer) gather(ctx context.Context, job *Job) (gathered, omitted bool, err error) {
 	body, err := json.Marshal(job)
 	if err != nil {
-		return false, fmt.Errorf("encode job: %w", err)
+		return false, false, fmt.Errorf("encode job: %w", err)
 	}
 	keys := d.digestKeys(job)
-	r, err := d.throttle.Run(ctx, d.rdb, []string{keys[0], keys[1], keys[3]}, job.MinPeriod, job.Notification.ID, body).Int64Slice()
-	if err != nil {
-		return false, fmt.Errorf("minPeriod of rule %s on %s: %w", job.RuleID, job.Channel, err)
+	r, err := d.throttle.Run(ctx, d.rdb, []string{keys[0], keys[1], keys[3]}, job.MinPeriod, job.Notification.ID, body,
+		d.cfg.DigestMaxFirings, d.cfg.DigestMaxBytes).Int64Slice()
+	if err == nil && !(len(r) == 1 && r[0] == 0 || len(r) == 3 && (r[0] == 1 || r[0] == 2)) {
+		err = fmt.Errorf("unexpected reply %v", r)
 	}
-	switch r[0] {
-	case 0:
-		return false, nil
-	case 2:
+	if err != nil {
+		return false, false, fmt.Errorf("minPeriod of rule %s on %s: %w", job.RuleID, job.Channel, err)
+	}
+	if r[0] == 0 {
+		return false, false, nil
+	}
+	if r[0] == 2 {
 		if err := d.schedule(ctx, flushJob(job), time.Duration(r[1])*time.Millisecond, false); err != nil {
-			return false, err
+			return false, false, err
 		}
 	}
-	return true, nil
+	return true, r[2] == 1, nil
 }
 
 // flushJob is the job flushing the digest of job's rule and channel.
@@ -361,9 +393,13 @@ func (d *Deliverer) deliverDigestOnce(ctx context.Context, job *Job, token strin
 	}
 	reply := r[0].(int64)
 	generation := ""
+	var omitted int64
 	for i := 2; (reply == 0 || reply == 3) && i < len(r); i += 2 {
-		if r[i-1] == "#" {
+		switch r[i-1] {
+		case "#":
 			generation = fmt.Sprint(r[i])
+		case "#omitted":
+			omitted, _ = strconv.ParseInt(fmt.Sprint(r[i]), 10, 64)
 		}
 	}
 	if job.Generation != generation {
@@ -380,8 +416,8 @@ func (d *Deliverer) deliverDigestOnce(ctx context.Context, job *Job, token strin
 	taken := reply == 0
 	var ns []notify.Notification
 	for i := 2; i < len(r); i += 2 {
-		if r[i-1] == "#" {
-			continue
+		if f, _ := r[i-1].(string); strings.HasPrefix(f, "#") {
+			continue // the digest's own fields, not a firing
 		}
 		var pending Job
 		if err := json.Unmarshal([]byte(r[i].(string)), &pending); err != nil || pending.Notification == nil {
@@ -393,7 +429,7 @@ func (d *Deliverer) deliverDigestOnce(ctx context.Context, job *Job, token strin
 	slices.SortFunc(ns, func(a, b notify.Notification) int {
 		return cmpTimeThenID(a, b)
 	})
-	msg := digestMessage(job, ns)
+	msg := digestMessage(job, ns, omitted)
 	key := d.digestKey(msg, job.Channel)
 	dropped := false
 	drop := func(ctx context.Context) error {
@@ -437,18 +473,22 @@ func cmpTimeThenID(a, b notify.Notification) int {
 	return cmp.Or(a.FiredAt.Compare(b.FiredAt), strings.Compare(a.ID, b.ID))
 }
 
-// digestMessage is one message for the notifications of a digest: the
-// notification itself when there is one, else a digest with an id derived
-// from its contents, so a resend carries the same id.
-func digestMessage(job *Job, ns []notify.Notification) *notify.Message {
-	m := &notify.Message{ProjectID: job.ProjectID, RuleID: job.RuleID, Notifications: ns}
-	if len(ns) == 1 {
+// digestMessage is one message for the notifications of a digest and the
+// count of those it left out: the notification itself when there is one
+// alone, else a digest with an id derived from its contents, so a resend
+// carries the same id.
+func digestMessage(job *Job, ns []notify.Notification, omitted int64) *notify.Message {
+	m := &notify.Message{ProjectID: job.ProjectID, RuleID: job.RuleID, Notifications: ns, Omitted: omitted}
+	if len(ns) == 1 && omitted == 0 {
 		m.ID = ns[0].ID
 		return m
 	}
 	h := sha256.New()
 	for _, n := range ns {
 		h.Write([]byte(n.ID))
+	}
+	if omitted > 0 {
+		fmt.Fprintf(h, "+%d", omitted)
 	}
 	m.ID, m.Digest = "digest-"+hex.EncodeToString(h.Sum(nil)[:16]), true
 	return m

@@ -180,10 +180,10 @@ func TestPickDelay(t *testing.T) {
 
 func TestDigestIDFollowsContent(t *testing.T) {
 	j := &Job{ProjectID: "p", RuleID: "r"}
-	a := digestMessage(j, []notify.Notification{{ID: "x"}, {ID: "y"}})
-	b := digestMessage(j, []notify.Notification{{ID: "x"}, {ID: "y"}})
-	c := digestMessage(j, []notify.Notification{{ID: "x"}, {ID: "z"}})
-	one := digestMessage(j, []notify.Notification{{ID: "x"}})
+	a := digestMessage(j, []notify.Notification{{ID: "x"}, {ID: "y"}}, 0)
+	b := digestMessage(j, []notify.Notification{{ID: "x"}, {ID: "y"}}, 0)
+	c := digestMessage(j, []notify.Notification{{ID: "x"}, {ID: "z"}}, 0)
+	one := digestMessage(j, []notify.Notification{{ID: "x"}}, 0)
 	if a.ID != b.ID || a.ID == c.ID || !a.Digest {
 		t.Errorf("digest ids %s %s %s: want equal for equal content, else distinct", a.ID, b.ID, c.ID)
 	}

@@ -57,6 +57,10 @@ type Message struct {
 	RuleID        string
 	Notifications []Notification // one, unless Digest
 	Digest        bool
+	// Omitted counts the firings of a digest left out of Notifications
+	// because the digest was full (the deliverer's digest bounds): every
+	// channel says "and N more".
+	Omitted int64
 }
 
 // Digest is the webhook body of a digest message (CONTRACT §5).
@@ -66,6 +70,9 @@ type Digest struct {
 	ProjectID     string         `json:"projectId"`
 	RuleID        string         `json:"ruleId"`
 	Notifications []Notification `json:"notifications"`
+	// Omitted is how many more firings the digest stands for but does not
+	// list, because it was full; 0 when it lists them all.
+	Omitted int64 `json:"omitted"`
 }
 
 // A Channel delivers a message to one endpoint (an address, chat id or

@@ -32,6 +32,10 @@ type View struct {
 	Header string
 	// Items has one entry per firing, oldest first as given.
 	Items []Item
+	// Omitted counts the firings of a digest not in Items: left out by the
+	// deliverer because the digest was full, or by Limit because a channel
+	// shows no more. More says it in words.
+	Omitted int64
 	// Footer closes a digest ("Digest id …"). Empty for a single
 	// notification.
 	Footer string
@@ -62,10 +66,32 @@ func (v View) Lines() []string {
 	for _, it := range v.Items {
 		lines = append(lines, "• "+it.Line())
 	}
+	if more := v.More(); more != "" {
+		lines = append(lines, more)
+	}
 	if v.Footer != "" {
 		lines = append(lines, "", v.Footer)
 	}
 	return lines
+}
+
+// Limit keeps at most n items, counting the rest in Omitted: the one way a
+// channel shortens a digest, so that every cut says how many it left out.
+func (v View) Limit(n int) View {
+	if more := len(v.Items) - max(n, 0); more > 0 {
+		v.Items = v.Items[: len(v.Items)-more : len(v.Items)-more]
+		v.Omitted += int64(more)
+	}
+	return v
+}
+
+// More is the line saying how many firings a digest does not show, or ""
+// when it shows them all: "… and 12 more not shown here".
+func (v View) More() string {
+	if v.Omitted <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("… and %d more not shown here", v.Omitted)
 }
 
 // Text is Lines joined by newlines.
@@ -100,12 +126,13 @@ func Render(m *Message) View {
 		v.Subject = Truncate(it.Title, subjectTitle) + " — " + shortSummary(n)
 		return v
 	}
-	v.Header = fmt.Sprintf("%s for rule %s in project %s",
-		plural(int64(len(m.Notifications)), "notification"), m.RuleID, m.ProjectID)
-	v.Subject = fmt.Sprintf("%s for rule %s", plural(int64(len(m.Notifications)), "notification"), m.RuleID)
+	v.Omitted = max(m.Omitted, 0)
+	total := int64(len(m.Notifications)) + v.Omitted
+	v.Header = fmt.Sprintf("%s for rule %s in project %s", plural(total, "notification"), m.RuleID, m.ProjectID)
+	v.Subject = fmt.Sprintf("%s for rule %s", plural(total, "notification"), m.RuleID)
 	if len(v.Items) > 0 {
 		v.Subject += ": " + Truncate(v.Items[0].Title, subjectTitle)
-		if more := len(v.Items) - 1; more > 0 {
+		if more := total - 1; more > 0 {
 			v.Subject += fmt.Sprintf(" and %d more", more)
 		}
 	}

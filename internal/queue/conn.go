@@ -143,7 +143,8 @@ func closeOnCancel(ctx context.Context, conn *amqp.Connection) (release func()) 
 // other arguments (Hawk's `notifier` is a plain classic queue) makes the
 // broker answer PRECONDITION_FAILED; that queue is then used as it is, after
 // a passive declare confirms it exists, because refusing to start over an
-// argument mismatch would help no one.
+// argument mismatch would help no one. When args bound the queue, the
+// warning says how to bound the existing one (boundsAdvice).
 func declareQueue(conn *amqp.Connection, log *slog.Logger, name string, args amqp.Table) error {
 	ch, err := conn.Channel()
 	if err != nil {
@@ -167,8 +168,11 @@ func declareQueue(conn *amqp.Connection, log *slog.Logger, name string, args amq
 	if _, err := ch.QueueDeclarePassive(name, true, false, false, false, nil); err != nil {
 		return fmt.Errorf("declare queue %q passively after %v: %w", name, aerr, err)
 	}
-	log.Warn("queue exists with other arguments; using it as it is",
-		"queue", name, "wanted_args", fmt.Sprint(args), "broker_said", aerr.Reason)
+	attrs := []any{"queue", name, "wanted_args", fmt.Sprint(args), "broker_said", aerr.Reason}
+	if advice := boundsAdvice(name, args); advice != "" {
+		attrs = append(attrs, "what_to_do", advice)
+	}
+	log.Warn("queue exists with other arguments; using it as it is", attrs...)
 	return nil
 }
 

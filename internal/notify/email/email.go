@@ -229,12 +229,9 @@ func (n *Notifier) compose(to []*mail.Address, m *notify.Message) (*gomail.Messa
 }
 
 // bounded shortens a digest's view to at most maxDigestItems firings of
-// short lines, saying how many more there were.
+// short lines; the view's More line says how many more there were.
 func bounded(v notify.View) notify.View {
-	if more := len(v.Items) - maxDigestItems; more > 0 {
-		v.Items = v.Items[:maxDigestItems:maxDigestItems]
-		v.Footer = fmt.Sprintf("… and %d more not shown here. %s", more, v.Footer)
-	}
+	v = v.Limit(maxDigestItems)
 	items := make([]notify.Item, len(v.Items))
 	for i, it := range v.Items {
 		it.Title = notify.Truncate(it.Title, maxLine)
@@ -488,6 +485,9 @@ const pageHTML = `<!DOCTYPE html>
 <li>{{.}}</li>
 {{- end}}
 </ul>
+{{- end}}
+{{- with .More}}
+<p><strong>{{.}}</strong></p>
 {{- end}}
 {{- if .Footer}}
 <p style="color: #888">{{.Footer}}</p>

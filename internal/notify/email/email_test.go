@@ -114,10 +114,10 @@ func TestDigest(t *testing.T) {
 }
 
 // A huge digest stays a mail a server takes: at most 500 firings of short
-// lines, and the count of the rest.
+// lines, and the count of the rest, with those the deliverer left out.
 func TestHugeDigestIsBounded(t *testing.T) {
 	srv := notifytest.NewSMTPServer(t, notifytest.SMTPOptions{})
-	m := &notify.Message{ID: "d-big", ProjectID: "p", RuleID: "r", Digest: true}
+	m := &notify.Message{ID: "d-big", ProjectID: "p", RuleID: "r", Digest: true, Omitted: 100}
 	for i := range 20_000 {
 		m.Notifications = append(m.Notifications, threshold(fmt.Sprint("n-", i), fmt.Sprint("Error ", i, " ", strings.Repeat("x", 500))))
 	}
@@ -133,8 +133,15 @@ func TestHugeDigestIsBounded(t *testing.T) {
 	if n := strings.Count(text, "\n• Error "); n != 500 {
 		t.Errorf("text part lists %d firings, want 500", n)
 	}
-	if !strings.Contains(text, "and 19500 more not shown here") {
-		t.Errorf("text part does not say how many more:\n%.300s", text[len(text)-300:])
+	if !strings.Contains(text, "and 19600 more not shown here") || !strings.Contains(parts["text/html"], "and 19600 more not shown here") {
+		t.Errorf("text or HTML part does not say how many more:\n%.300s", text[len(text)-300:])
+	}
+	msg, err := got.Parse()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if subject, err := new(mime.WordDecoder).DecodeHeader(msg.Header.Get("Subject")); err != nil || !strings.HasPrefix(subject, "[Klaxon] 20100 notifications") {
+		t.Errorf("subject %.60q (%v) does not count every firing", subject, err)
 	}
 }
 

@@ -203,8 +203,8 @@ func digestBlocks(v notify.View) []slackapi.Block {
 	if cur.Len() > 0 {
 		blocks = append(blocks, section(cur.String()))
 	}
-	if more := len(v.Items) - shown; more > 0 {
-		blocks = append(blocks, contextBlock(fmt.Sprintf("… and %d more not shown here", more)))
+	if more := v.Limit(shown).More(); more != "" {
+		blocks = append(blocks, contextBlock(escape(more)))
 	}
 	return append(blocks, contextBlock(escape(v.Footer)))
 }

@@ -261,8 +261,8 @@ func Text(m *notify.Message) string {
 		used += utf16Len(line)
 		shown++
 	}
-	if more := len(v.Items) - shown; more > 0 {
-		fmt.Fprintf(&b, "\n… and %d more not shown here", more)
+	if more := v.Limit(shown).More(); more != "" {
+		b.WriteString("\n" + escape(more))
 	}
 	b.WriteString("\n" + footer)
 	return b.String()

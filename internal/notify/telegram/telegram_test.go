@@ -118,9 +118,12 @@ func TestEscapesTitle(t *testing.T) {
 }
 
 func TestDigest(t *testing.T) {
-	for _, n := range []int{3, 1000} {
+	// A digest the deliverer bounded counts what it left out (omitted)
+	// with what does not fit the message.
+	for _, tc := range []struct{ n, omitted int }{{3, 0}, {1000, 0}, {3, 7}} {
+		n := tc.n
 		srv := notifytest.NewTelegramServer(t, token)
-		m := &notify.Message{ID: "d-1", ProjectID: "p", RuleID: "r", Digest: true}
+		m := &notify.Message{ID: "d-1", ProjectID: "p", RuleID: "r", Digest: true, Omitted: int64(tc.omitted)}
 		for i := range n {
 			m.Notifications = append(m.Notifications, threshold(fmt.Sprint("n-", i), fmt.Sprintf("Error <%d> & more", i)))
 		}
@@ -128,7 +131,7 @@ func TestDigest(t *testing.T) {
 			t.Fatalf("%d: Notify = %t, %v (the fake enforces the 4096-character limit)", n, retry, err)
 		}
 		v := onlyRequest(t, srv).Visible
-		if !strings.HasPrefix(v, fmt.Sprintf("%d notifications for rule r in project p\n", n)) || !strings.HasSuffix(v, "Digest id d-1") {
+		if !strings.HasPrefix(v, fmt.Sprintf("%d notifications for rule r in project p\n", n+tc.omitted)) || !strings.HasSuffix(v, "Digest id d-1") {
 			t.Errorf("%d: digest reads\n%s", n, v)
 		}
 		shown := strings.Count(v, "\n• Error <")
@@ -136,7 +139,7 @@ func TestDigest(t *testing.T) {
 		if i := strings.Index(v, "… and "); i >= 0 {
 			fmt.Sscanf(v[i:], "… and %d more", &more)
 		}
-		if shown+more != n || shown == 0 {
+		if shown+more != n+tc.omitted || shown == 0 {
 			t.Errorf("%d: shown %d + more %d", n, shown, more)
 		}
 	}

@@ -46,6 +46,7 @@ func Body(m *notify.Message) any {
 		ProjectID:     m.ProjectID,
 		RuleID:        m.RuleID,
 		Notifications: make([]notify.Notification, len(m.Notifications)),
+		Omitted:       m.Omitted,
 	}
 	for i, n := range m.Notifications {
 		d.Notifications[i] = normalize(n)

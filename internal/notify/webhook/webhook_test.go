@@ -112,7 +112,7 @@ func TestNewBody(t *testing.T) {
 func TestDigestBody(t *testing.T) {
 	sink := notifytest.NewWebhookSink(t)
 	ns := []notify.Notification{threshold("n-1", "A"), threshold("n-2", "B"), threshold("n-3", "C")}
-	m := &notify.Message{ID: "d-1", ProjectID: ns[0].ProjectID, RuleID: ns[0].RuleID, Digest: true, Notifications: ns}
+	m := &notify.Message{ID: "d-1", ProjectID: ns[0].ProjectID, RuleID: ns[0].RuleID, Digest: true, Notifications: ns, Omitted: 42}
 	if _, err := send(t, sink.URL, m); err != nil {
 		t.Fatal(err)
 	}
@@ -127,6 +127,9 @@ func TestDigestBody(t *testing.T) {
 	var ids []string
 	for _, n := range d.Notifications {
 		ids = append(ids, n.ID)
+	}
+	if d.Omitted != 42 {
+		t.Errorf("digest omitted = %d, want the 42 firings the deliverer left out", d.Omitted)
 	}
 	if d.Type != "digest" || d.ID != "d-1" || d.ProjectID != ns[0].ProjectID || d.RuleID != ns[0].RuleID || !slices.Equal(ids, []string{"n-1", "n-2", "n-3"}) {
 		t.Errorf("digest = %+v", d)
