@@ -257,6 +257,7 @@ func ruleCache(cfg config.Config, log *slog.Logger, m *metrics.Metrics) (*store.
 	warned := 0
 	cache := store.NewCache(src, store.CacheOptions{
 		Interval: cfg.RulesRefresh,
+		Limits:   cfg.Limits,
 		Logger:   log.With("stage", "rules"),
 		OnLoad: func(r store.LoadResult) {
 			if r.Err != nil {

@@ -26,6 +26,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
+
+	"github.com/klaxonhq/klaxon/internal/rules"
 )
 
 // Names of the environment variables Load reads.
@@ -53,6 +55,15 @@ const (
 	EnvRulesRefresh   = "KLAXON_RULES_REFRESH"
 	EnvSendTimeout    = "KLAXON_SEND_TIMEOUT"
 	EnvPprof          = "KLAXON_PPROF"
+
+	EnvTelegramAllowedChats = "KLAXON_TELEGRAM_ALLOWED_CHATS"
+	EnvMaxRules             = "KLAXON_MAX_RULES_PER_PROJECT"
+	EnvMaxWindows           = "KLAXON_MAX_WINDOWS_PER_RULE"
+	EnvMaxFilterWords       = "KLAXON_MAX_FILTER_WORDS"
+	EnvMaxFilterWordBytes   = "KLAXON_MAX_FILTER_WORD_BYTES"
+	EnvMaxFilterBytes       = "KLAXON_MAX_FILTER_BYTES"
+	EnvMaxMatchedTitle      = "KLAXON_MAX_MATCHED_TITLE_BYTES"
+	EnvMaxEmailRecipients   = "KLAXON_MAX_EMAIL_RECIPIENTS"
 )
 
 // Hawk's names for the same settings, and the defaults.
@@ -116,6 +127,14 @@ func Variables() []Variable {
 		{EnvRulesRefresh, "", "5s", false, "how often rules are reloaded from MongoDB or the file"},
 		{EnvSendTimeout, "", "10s", false, "time limit of one delivery attempt to a provider"},
 		{EnvPprof, "", "false", false, "serve Go's profiler (net/http/pprof) under /debug/pprof/ on KLAXON_HTTP_ADDR"},
+		{EnvTelegramAllowedChats, "", "", false, "comma-separated chat ids and @usernames the bot may post to; empty = any chat the bot is in"},
+		{EnvMaxRules, "", strconv.Itoa(rules.DefaultRulesPerProject), false, "enabled rules loaded per project; the rest are skipped with a warning"},
+		{EnvMaxWindows, "", strconv.Itoa(rules.MaxWindowsPerRule), false, "windows a rule may have (1-8)"},
+		{EnvMaxFilterWords, "", strconv.Itoa(rules.DefaultFilterWords), false, "words including, and excluding, may each hold"},
+		{EnvMaxFilterWordBytes, "", strconv.Itoa(rules.DefaultFilterWordBytes), false, "longest filter word, in bytes"},
+		{EnvMaxFilterBytes, "", strconv.Itoa(rules.DefaultFilterBytes), false, "bytes a rule's filter words may add up to"},
+		{EnvMaxMatchedTitle, "", strconv.Itoa(rules.DefaultMatchedTitleBytes), false, "bytes at the start of an event title that filters search"},
+		{EnvMaxEmailRecipients, "", strconv.Itoa(rules.DefaultEmailRecipients), false, "addresses an email endpoint may name"},
 	}
 }
 
@@ -150,6 +169,12 @@ type Config struct {
 	RulesRefresh  time.Duration // KLAXON_RULES_REFRESH, > 0
 	SendTimeout   time.Duration // KLAXON_SEND_TIMEOUT, > 0
 	Pprof         bool          // KLAXON_PPROF: serve /debug/pprof/ on HTTPAddr
+	// TelegramAllowedChats are the chats the bot may post to
+	// (KLAXON_TELEGRAM_ALLOWED_CHATS), comma-separated without spaces;
+	// empty means any. A string keeps Config comparable.
+	TelegramAllowedChats string
+	// Limits bound each project's rules (KLAXON_MAX_*).
+	Limits rules.Limits
 }
 
 // EmailEnabled reports whether the email channel is configured.
@@ -299,6 +324,16 @@ func Load(getenv func(string) string) (Config, error) {
 	c.RulesRefresh = l.duration(EnvRulesRefresh, defaultRefresh)
 	c.SendTimeout = l.duration(EnvSendTimeout, defaultSendTimeout)
 	c.Pprof = l.boolean(EnvPprof)
+	c.TelegramAllowedChats = l.chats()
+	c.Limits = rules.Limits{
+		RulesPerProject:   l.count(EnvMaxRules, rules.DefaultRulesPerProject, 1_000_000),
+		WindowsPerRule:    l.count(EnvMaxWindows, rules.MaxWindowsPerRule, rules.MaxWindowsPerRule),
+		FilterWords:       l.count(EnvMaxFilterWords, rules.DefaultFilterWords, 1_000_000),
+		FilterWordBytes:   l.count(EnvMaxFilterWordBytes, rules.DefaultFilterWordBytes, 1<<20),
+		FilterBytes:       l.count(EnvMaxFilterBytes, rules.DefaultFilterBytes, 1<<30),
+		MatchedTitleBytes: l.count(EnvMaxMatchedTitle, rules.DefaultMatchedTitleBytes, 1<<30),
+		EmailRecipients:   l.count(EnvMaxEmailRecipients, rules.DefaultEmailRecipients, 10_000),
+	}
 
 	switch len(l.errs) {
 	case 0:
@@ -680,6 +715,62 @@ func (l *loader) groupsPerCall() int {
 		return defaultGroupsPerCall
 	}
 	return n
+}
+
+// count reads a whole number from 1 to most.
+func (l *loader) count(name string, def, most int) int {
+	s := l.lookup(name, "", false)
+	if !s.set() {
+		return def
+	}
+	n, err := strconv.Atoi(s.value)
+	if err != nil || n < 1 || n > most {
+		l.fail(s, fmt.Sprintf("%q is not a whole number from 1 to %d", s.value, most))
+		return def
+	}
+	return n
+}
+
+// TelegramChats lists TelegramAllowedChats; nil means any chat.
+func (c Config) TelegramChats() []string {
+	if c.TelegramAllowedChats == "" {
+		return nil
+	}
+	return strings.Split(c.TelegramAllowedChats, ",")
+}
+
+// chats reads the Telegram allowlist: chat ids (-1001234567) and channel
+// usernames (@name), comma-separated.
+func (l *loader) chats() string {
+	s := l.lookup(EnvTelegramAllowedChats, "", false)
+	if !s.set() {
+		return ""
+	}
+	var chats []string
+	for c := range strings.SplitSeq(s.value, ",") {
+		c = strings.TrimSpace(c)
+		if c == "" {
+			continue
+		}
+		if _, err := strconv.ParseInt(c, 10, 64); err != nil && !validUsername(c) {
+			l.fail(s, fmt.Sprintf("%q is neither a chat id (-1001234567) nor a channel username (@name)", c))
+			return ""
+		}
+		chats = append(chats, c)
+	}
+	return strings.Join(chats, ",")
+}
+
+// validUsername reports whether s is "@" and a Telegram username: letters,
+// digits and underscores.
+func validUsername(s string) bool {
+	name, ok := strings.CutPrefix(s, "@")
+	if !ok || name == "" {
+		return false
+	}
+	return strings.IndexFunc(name, func(r rune) bool {
+		return !(r == '_' || '0' <= r && r <= '9' || 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z')
+	}) < 0
 }
 
 // boolean reads a true/false variable (1, t, true, 0, f, false, any case);
