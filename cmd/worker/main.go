@@ -293,6 +293,7 @@ func buildChannels(cfg config.Config) (map[string]notify.Channel, error) {
 		e, err := email.New(email.Config{
 			Addr: cfg.SMTPAddr, Username: cfg.SMTPUsername, Password: cfg.SMTPPassword,
 			From: cfg.SMTPFrom, TLS: email.TLSMode(cfg.SMTPTLS), Timeout: cfg.SendTimeout,
+			MaxRecipients: cfg.Limits.EmailRecipients,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("email channel: %w", err)
