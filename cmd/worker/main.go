@@ -303,7 +303,8 @@ func buildChannels(cfg config.Config) (map[string]notify.Channel, error) {
 	// Telegram is there without a token too: Hawk's rules send through hook
 	// URLs of CodeX's notify bot, which need none; a chat id then fails with
 	// that reason.
-	t, err := telegram.New(telegram.Config{Token: cfg.TelegramToken, APIURL: cfg.TelegramAPI, Client: client})
+	t, err := telegram.New(telegram.Config{Token: cfg.TelegramToken, APIURL: cfg.TelegramAPI, Client: client,
+		AllowedChats: cfg.TelegramChats()})
 	if err != nil {
 		return nil, fmt.Errorf("telegram channel: %w", err)
 	}
