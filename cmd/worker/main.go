@@ -260,6 +260,7 @@ func ruleCache(cfg config.Config, log *slog.Logger, m *metrics.Metrics) (*store.
 	warned := 0
 	cache := store.NewCache(src, store.CacheOptions{
 		Interval: cfg.RulesRefresh,
+		Limits:   cfg.Limits,
 		Logger:   log.With("stage", "rules"),
 		OnLoad: func(r store.LoadResult) {
 			if r.Err != nil {
@@ -302,6 +303,7 @@ func buildChannels(cfg config.Config) (map[string]notify.Channel, error) {
 		e, err := email.New(email.Config{
 			Addr: cfg.SMTPAddr, Username: cfg.SMTPUsername, Password: cfg.SMTPPassword,
 			From: cfg.SMTPFrom, TLS: email.TLSMode(cfg.SMTPTLS), Timeout: cfg.SendTimeout,
+			MaxRecipients: cfg.Limits.EmailRecipients,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("email channel: %w", err)
@@ -312,7 +314,7 @@ func buildChannels(cfg config.Config) (map[string]notify.Channel, error) {
 	// URLs of CodeX's notify bot, which need none; a chat id then fails with
 	// that reason.
 	t, err := telegram.New(telegram.Config{Token: cfg.TelegramToken, APIURL: cfg.TelegramAPI, Client: trusted,
-		HookClient: fromRules, HookHosts: cfg.TelegramHookPatterns()})
+		HookClient: fromRules, HookHosts: cfg.TelegramHookPatterns(), AllowedChats: cfg.TelegramChats()})
 	if err != nil {
 		return nil, fmt.Errorf("telegram channel: %w", err)
 	}

@@ -26,6 +26,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
+
+	"github.com/klaxonhq/klaxon/internal/rules"
 )
 
 // Names of the environment variables Load reads.
@@ -63,6 +65,15 @@ const (
 	EnvDigestMaxBytes   = "KLAXON_DIGEST_MAX_BYTES"
 	EnvDeadMaxMessages  = "KLAXON_DEAD_MAX_MESSAGES"
 	EnvDeadMaxBytes     = "KLAXON_DEAD_MAX_BYTES"
+
+	EnvTelegramAllowedChats = "KLAXON_TELEGRAM_ALLOWED_CHATS"
+	EnvMaxRules             = "KLAXON_MAX_RULES_PER_PROJECT"
+	EnvMaxWindows           = "KLAXON_MAX_WINDOWS_PER_RULE"
+	EnvMaxFilterWords       = "KLAXON_MAX_FILTER_WORDS"
+	EnvMaxFilterWordBytes   = "KLAXON_MAX_FILTER_WORD_BYTES"
+	EnvMaxFilterBytes       = "KLAXON_MAX_FILTER_BYTES"
+	EnvMaxMatchedTitle      = "KLAXON_MAX_MATCHED_TITLE_BYTES"
+	EnvMaxEmailRecipients   = "KLAXON_MAX_EMAIL_RECIPIENTS"
 )
 
 // Hawk's names for the same settings, and the defaults.
@@ -141,6 +152,14 @@ func Variables() []Variable {
 		{EnvDigestMaxBytes, "", "1MiB", false, "most bytes of firings one digest gathers (1KiB-16MiB); the rest are counted as omitted"},
 		{EnvDeadMaxMessages, "", strconv.Itoa(defaultDeadMessages), false, "most messages <queue>.dead and <prefix>.failed keep each; the oldest go first"},
 		{EnvDeadMaxBytes, "", "256MiB", false, "most bytes of bodies <queue>.dead and <prefix>.failed keep each; the oldest go first"},
+		{EnvTelegramAllowedChats, "", "", false, "comma-separated chat ids and @usernames the bot may post to; empty = any chat the bot is in"},
+		{EnvMaxRules, "", strconv.Itoa(rules.DefaultRulesPerProject), false, "enabled rules loaded per project; the rest are skipped with a warning"},
+		{EnvMaxWindows, "", strconv.Itoa(rules.MaxWindowsPerRule), false, "windows a rule may have (1-8)"},
+		{EnvMaxFilterWords, "", strconv.Itoa(rules.DefaultFilterWords), false, "words including, and excluding, may each hold"},
+		{EnvMaxFilterWordBytes, "", strconv.Itoa(rules.DefaultFilterWordBytes), false, "longest filter word, in bytes"},
+		{EnvMaxFilterBytes, "", strconv.Itoa(rules.DefaultFilterBytes), false, "bytes a rule's filter words may add up to"},
+		{EnvMaxMatchedTitle, "", strconv.Itoa(rules.DefaultMatchedTitleBytes), false, "bytes at the start of an event title that filters search"},
+		{EnvMaxEmailRecipients, "", strconv.Itoa(rules.DefaultEmailRecipients), false, "addresses an email endpoint may name"},
 	}
 }
 
@@ -190,6 +209,12 @@ type Config struct {
 	// <prefix>.failed (KLAXON_DEAD_MAX_MESSAGES, KLAXON_DEAD_MAX_BYTES).
 	DeadMaxMessages int
 	DeadMaxBytes    int64
+	// TelegramAllowedChats are the chats the bot may post to
+	// (KLAXON_TELEGRAM_ALLOWED_CHATS), comma-separated without spaces;
+	// empty means any. A string keeps Config comparable.
+	TelegramAllowedChats string
+	// Limits bound each project's rules (KLAXON_MAX_*).
+	Limits rules.Limits
 }
 
 // EmailEnabled reports whether the email channel is configured.
@@ -344,6 +369,16 @@ func Load(getenv func(string) string) (Config, error) {
 	c.DigestMaxBytes = int(l.size(EnvDigestMaxBytes, defaultDigestBytes, 1<<10, 16<<20))
 	c.DeadMaxMessages = l.count(EnvDeadMaxMessages, defaultDeadMessages, 1, 100_000_000)
 	c.DeadMaxBytes = l.size(EnvDeadMaxBytes, defaultDeadBytes, 1<<20, 1<<40)
+	c.TelegramAllowedChats = l.chats()
+	c.Limits = rules.Limits{
+		RulesPerProject:   l.count(EnvMaxRules, rules.DefaultRulesPerProject, 1, 1_000_000),
+		WindowsPerRule:    l.count(EnvMaxWindows, rules.MaxWindowsPerRule, 1, rules.MaxWindowsPerRule),
+		FilterWords:       l.count(EnvMaxFilterWords, rules.DefaultFilterWords, 1, 1_000_000),
+		FilterWordBytes:   l.count(EnvMaxFilterWordBytes, rules.DefaultFilterWordBytes, 1, 1<<20),
+		FilterBytes:       l.count(EnvMaxFilterBytes, rules.DefaultFilterBytes, 1, 1<<30),
+		MatchedTitleBytes: l.count(EnvMaxMatchedTitle, rules.DefaultMatchedTitleBytes, 1, 1<<30),
+		EmailRecipients:   l.count(EnvMaxEmailRecipients, rules.DefaultEmailRecipients, 1, 10_000),
+	}
 
 	switch len(l.errs) {
 	case 0:
@@ -777,6 +812,48 @@ func formatSize(n int64) string {
 		}
 	}
 	return strconv.FormatInt(n, 10) + "B"
+}
+
+// TelegramChats lists TelegramAllowedChats; nil means any chat.
+func (c Config) TelegramChats() []string {
+	if c.TelegramAllowedChats == "" {
+		return nil
+	}
+	return strings.Split(c.TelegramAllowedChats, ",")
+}
+
+// chats reads the Telegram allowlist: chat ids (-1001234567) and channel
+// usernames (@name), comma-separated.
+func (l *loader) chats() string {
+	s := l.lookup(EnvTelegramAllowedChats, "", false)
+	if !s.set() {
+		return ""
+	}
+	var chats []string
+	for c := range strings.SplitSeq(s.value, ",") {
+		c = strings.TrimSpace(c)
+		if c == "" {
+			continue
+		}
+		if _, err := strconv.ParseInt(c, 10, 64); err != nil && !validUsername(c) {
+			l.fail(s, fmt.Sprintf("%q is neither a chat id (-1001234567) nor a channel username (@name)", c))
+			return ""
+		}
+		chats = append(chats, c)
+	}
+	return strings.Join(chats, ",")
+}
+
+// validUsername reports whether s is "@" and a Telegram username: letters,
+// digits and underscores.
+func validUsername(s string) bool {
+	name, ok := strings.CutPrefix(s, "@")
+	if !ok || name == "" {
+		return false
+	}
+	return strings.IndexFunc(name, func(r rune) bool {
+		return !(r == '_' || '0' <= r && r <= '9' || 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z')
+	}) < 0
 }
 
 // boolean reads a true/false variable (1, t, true, 0, f, false, any case);

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/klaxonhq/klaxon/internal/rules"
 )
 
 // env is a getenv over a map.
@@ -50,6 +52,8 @@ func TestLoadDefaults(t *testing.T) {
 		DigestMaxBytes:   1 << 20,
 		DeadMaxMessages:  100_000,
 		DeadMaxBytes:     256 << 20,
+		Limits: rules.Limits{RulesPerProject: 100, WindowsPerRule: 8, FilterWords: 50, FilterWordBytes: 200,
+			FilterBytes: 4096, MatchedTitleBytes: 8192, EmailRecipients: 10},
 	}
 	if got != want {
 		t.Errorf("defaults:\n got %#v\nwant %#v", got, want)
@@ -205,6 +209,17 @@ func TestLoadValues(t *testing.T) {
 				return c.DigestMaxFirings == 50 && c.DigestMaxBytes == 64<<10 && c.DeadMaxMessages == 1000 && c.DeadMaxBytes == 1<<30
 			}},
 		{"size in bytes", map[string]string{EnvDigestMaxBytes: "2048"}, func(c Config) bool { return c.DigestMaxBytes == 2048 }},
+		{"telegram allowlist", map[string]string{EnvTelegramAllowedChats: " -1001234567, @Alerts_Team ,,42"},
+			func(c Config) bool {
+				return slices.Equal(c.TelegramChats(), []string{"-1001234567", "@Alerts_Team", "42"})
+			}},
+		{"telegram any chat", nil, func(c Config) bool { return c.TelegramChats() == nil }},
+		{"limits", map[string]string{EnvMaxRules: "10", EnvMaxWindows: "2", EnvMaxFilterWords: "5", EnvMaxFilterWordBytes: "20",
+			EnvMaxFilterBytes: "64", EnvMaxMatchedTitle: "1000", EnvMaxEmailRecipients: "1"},
+			func(c Config) bool {
+				return c.Limits == rules.Limits{RulesPerProject: 10, WindowsPerRule: 2, FilterWords: 5, FilterWordBytes: 20,
+					FilterBytes: 64, MatchedTitleBytes: 1000, EmailRecipients: 1}
+			}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -287,6 +302,15 @@ func TestLoadInvalid(t *testing.T) {
 		{map[string]string{EnvDigestMaxBytes: "100"}, EnvDigestMaxBytes, "not a size from 1KiB"},
 		{map[string]string{EnvDeadMaxMessages: "lots"}, EnvDeadMaxMessages, "not a whole number"},
 		{map[string]string{EnvDeadMaxBytes: "-1MiB"}, EnvDeadMaxBytes, "not a size"},
+		{map[string]string{EnvTelegramAllowedChats: "-100123, https://t.me/x"}, EnvTelegramAllowedChats, `"https://t.me/x" is neither a chat id`},
+		{map[string]string{EnvTelegramAllowedChats: "@"}, EnvTelegramAllowedChats, "channel username"},
+		{map[string]string{EnvMaxRules: "0"}, EnvMaxRules, "from 1 to 1000000"},
+		{map[string]string{EnvMaxWindows: "9"}, EnvMaxWindows, `"9" is not a whole number from 1 to 8`},
+		{map[string]string{EnvMaxFilterWords: "many"}, EnvMaxFilterWords, "whole number"},
+		{map[string]string{EnvMaxFilterWordBytes: "-5"}, EnvMaxFilterWordBytes, "whole number"},
+		{map[string]string{EnvMaxFilterBytes: "1.5"}, EnvMaxFilterBytes, "whole number"},
+		{map[string]string{EnvMaxMatchedTitle: "0"}, EnvMaxMatchedTitle, "whole number"},
+		{map[string]string{EnvMaxEmailRecipients: "10001"}, EnvMaxEmailRecipients, "from 1 to 10000"},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprint(tt.env), func(t *testing.T) {

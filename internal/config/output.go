@@ -44,6 +44,14 @@ func (c Config) attrs() []slog.Attr {
 		slog.String("allow_ports", c.AllowPorts),
 		slog.String("slack_hosts", c.SlackHosts),
 		slog.String("telegram_hook_hosts", c.TelegramHookHosts),
+		slog.String("telegram_allowed_chats", c.TelegramAllowedChats),
+		slog.Int("max_rules_per_project", c.Limits.RulesPerProject),
+		slog.Int("max_windows_per_rule", c.Limits.WindowsPerRule),
+		slog.Int("max_filter_words", c.Limits.FilterWords),
+		slog.Int("max_filter_word_bytes", c.Limits.FilterWordBytes),
+		slog.Int("max_filter_bytes", c.Limits.FilterBytes),
+		slog.Int("max_matched_title_bytes", c.Limits.MatchedTitleBytes),
+		slog.Int("max_email_recipients", c.Limits.EmailRecipients),
 	}
 }
 

@@ -262,7 +262,7 @@ func Notification(ev *counter.Event, m *event.Message, o *counter.Outcome) notif
 		Event: notify.Event{
 			Title:        m.Event.ShortTitle(), // rules matched it whole
 			GroupHash:    m.Event.GroupHash,
-			RepetitionID: m.Event.RepetitionID,
+			RepetitionID: m.Event.ShortRepetitionID(), // bounded, like the title
 		},
 		FiredAt: o.At.UTC(),
 		Windows: []notify.WindowStatus{},

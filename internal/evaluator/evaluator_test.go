@@ -409,3 +409,41 @@ func TestHawkRuleWithEmptyEnabledChannelNotifiesTheOthers(t *testing.T) {
 		t.Errorf("jobs for %v, want email only", channels)
 	}
 }
+
+// repetitionId has no limit of its own: a 200 KB one was copied into every
+// channel's message. Notifications carry it up to 128 bytes, and a longer
+// one as its hash, which keeps distinct ids distinct.
+func TestLongRepetitionIDIsBounded(t *testing.T) {
+	snap := compile(t, map[string][]rules.Spec{project: {
+		{ID: "new", IsEnabled: true, WhatToReceive: rules.OnlyNew, Channels: webhook()},
+	}})
+	pub := &fakePublisher{}
+	e, _ := newEvaluator(snap, &fakeCounter{fire: map[string]bool{"new": true}}, pub)
+	body := func(rep string) string {
+		return fmt.Sprintf(`{"projectId":%q,"event":{"title":"T","groupHash":"g","isNew":true,"repetitionId":%q}}`, project, rep)
+	}
+	huge, hugeToo := strings.Repeat("r", 200<<10), strings.Repeat("r", 200<<10-1)+"s"
+	b := &queue.Batch{Deliveries: []queue.Delivery{
+		delivery(body("64b7f0c2a1b2c3d4e5f60001"), "m1"),
+		delivery(body(huge), "m2"),
+		delivery(body(hugeToo), "m3"),
+	}}
+	if err := e.Handle(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	var reps []string
+	for _, msg := range pub.msgs {
+		job, err := deliverer.DecodeJob(msg.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(msg.Body) > 4<<10 {
+			t.Errorf("a delivery job of %d bytes", len(msg.Body))
+		}
+		reps = append(reps, *job.Notification.Event.RepetitionID)
+	}
+	if len(reps) != 3 || reps[0] != "64b7f0c2a1b2c3d4e5f60001" || reps[1] == reps[2] ||
+		!strings.HasPrefix(reps[1], "sha256:") || len(reps[1]) > 128 {
+		t.Errorf("repetition ids %.80q, want the short one as is and the long ones as distinct hashes", reps)
+	}
+}

@@ -68,6 +68,25 @@ func (e *Event) ShortTitle() string {
 // is replaced by its hash, so a member costs tens of bytes, not kilobytes.
 const maxUserID = 128
 
+// maxRepetitionID is the longest repetitionId notifications carry as it
+// is. Hawk's are ObjectIds (24 bytes); the field has no limit of its own,
+// and a 200 KB one was copied into every channel's message.
+const maxRepetitionID = 128
+
+// ShortRepetitionID is the repetitionId for notifications: nil when there
+// is none, as it is up to 128 bytes, else "sha256:" and the hex of its
+// SHA-256, so that distinct ids stay distinct and a receiver can still
+// recognise one it has.
+func (e *Event) ShortRepetitionID() *string {
+	id := e.RepetitionID
+	if id == nil || len(*id) <= maxRepetitionID {
+		return id
+	}
+	sum := sha256.Sum256([]byte(*id))
+	short := "sha256:" + hex.EncodeToString(sum[:])
+	return &short
+}
+
 // UserID is the affected user's id, or "".
 func (e *Event) UserID() string {
 	if e.User == nil {

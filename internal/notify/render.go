@@ -111,8 +111,8 @@ func CheckMessage(m *Message) error {
 	return nil
 }
 
-// subjectTitle bounds how much of a title a subject line repeats.
-const subjectTitle = 150
+// SubjectTitle bounds how much of a title a subject line repeats.
+const SubjectTitle = 150
 
 // Render turns a message into a View. It needs no clock: every time shown
 // comes from the message, so a retry renders the same text.
@@ -123,7 +123,7 @@ func Render(m *Message) View {
 	}
 	if !m.Digest && len(v.Items) == 1 {
 		it, n := v.Items[0], m.Notifications[0]
-		v.Subject = Truncate(it.Title, subjectTitle) + " — " + shortSummary(n)
+		v.Subject = Truncate(it.Title, SubjectTitle) + " — " + ShortSummary(n)
 		return v
 	}
 	v.Omitted = max(m.Omitted, 0)
@@ -131,7 +131,7 @@ func Render(m *Message) View {
 	v.Header = fmt.Sprintf("%s for rule %s in project %s", plural(total, "notification"), m.RuleID, m.ProjectID)
 	v.Subject = fmt.Sprintf("%s for rule %s", plural(total, "notification"), m.RuleID)
 	if len(v.Items) > 0 {
-		v.Subject += ": " + Truncate(v.Items[0].Title, subjectTitle)
+		v.Subject += ": " + Truncate(v.Items[0].Title, SubjectTitle)
 		if more := total - 1; more > 0 {
 			v.Subject += fmt.Sprintf(" and %d more", more)
 		}
@@ -170,7 +170,8 @@ func renderItem(n Notification) Item {
 	if n.Event.RepetitionID != nil && *n.Event.RepetitionID != "" {
 		ids += ", repetition " + *n.Event.RepetitionID
 	}
-	it.Details = append(it.Details, ids, "Notification id "+n.ID)
+	// The group hash and repetition id come from the event, as the title.
+	it.Details = append(it.Details, OneLine(ids), "Notification id "+n.ID)
 	return it
 }
 
@@ -179,10 +180,12 @@ func summary(n Notification) string {
 	if n.Type == TypeNew {
 		return "New event, seen for the first time"
 	}
-	return fmt.Sprintf("%s (threshold %d)", shortSummary(n), n.Threshold)
+	return fmt.Sprintf("%s (threshold %d)", ShortSummary(n), n.Threshold)
 }
 
-func shortSummary(n Notification) string {
+// ShortSummary says what fired in a few words, as a subject line does:
+// "150 events in the last 1 minute", "new event".
+func ShortSummary(n Notification) string {
 	if n.Type == TypeNew {
 		return "new event"
 	}
@@ -254,12 +257,19 @@ func HumanDuration(d time.Duration) string {
 	return strings.Join(parts, " ")
 }
 
-// OneLine turns control characters (newlines, tabs) into spaces and trims,
-// so a multi-line error title fits a header or subject line.
+// OneLine turns control characters (newlines, tabs) into spaces, drops
+// format characters (Unicode category Cf: U+202E RIGHT-TO-LEFT OVERRIDE and
+// the other bidi controls, zero-width spaces and joiners, soft hyphens) and
+// trims, so a multi-line error title fits a header or subject line and
+// shows what it says: a bidi override in a title can make "exe.txt" read
+// "txt.exe", and zero-width characters hide words from a reader.
 func OneLine(s string) string {
 	return strings.TrimSpace(strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
+		switch {
+		case unicode.IsControl(r):
 			return ' '
+		case unicode.Is(unicode.Cf, r):
+			return -1
 		}
 		return r
 	}, s))

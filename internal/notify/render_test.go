@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/klaxonhq/klaxon/internal/notify"
 )
@@ -192,5 +193,30 @@ func TestCheckMessage(t *testing.T) {
 	}
 	if err := notify.CheckMessage(&notify.Message{ID: "x", Digest: true, Notifications: []notify.Notification{n, n}}); err != nil {
 		t.Errorf("digest: %v", err)
+	}
+}
+
+// Unicode format characters (category Cf) pass for nothing on screen but
+// change what a reader sees: U+202E turns the rest of a line around, and
+// zero-width characters split words. They come from event titles, group
+// hashes and repetition ids, so every line made of those drops them.
+func TestFormatCharactersAreDropped(t *testing.T) {
+	const evil = "Invoice\u202Efdp.exe\u200B paid\u2066\u2069\uFEFF\u00AD"
+	if got, want := notify.OneLine(evil+"\nnext"), "Invoicefdp.exe paid next"; got != want {
+		t.Errorf("notify.OneLine = %q, want %q", got, want)
+	}
+	rep := "r\u202E1\n2"
+	n := notify.Notification{ID: "n-1", Type: notify.TypeNew, ProjectID: "p", RuleID: "r", Count: 1,
+		Event: notify.Event{Title: evil, GroupHash: "g\u200Dh\r\n", RepetitionID: &rep}}
+	v := notify.Render(&notify.Message{ID: "n-1", Notifications: []notify.Notification{n}})
+	for _, line := range append(v.Lines(), v.Subject) {
+		for _, r := range line {
+			if unicode.Is(unicode.Cf, r) || unicode.IsControl(r) {
+				t.Errorf("line %q holds %U", line, r)
+			}
+		}
+	}
+	if !strings.Contains(v.Text(), "group gh  , repetition r1 2") {
+		t.Errorf("ids line lost its content:\n%s", v.Text())
 	}
 }

@@ -79,6 +79,8 @@ type Rule struct {
 	including []string // lower-cased
 	excluding []string // lower-cased
 	filterKey string
+	// titleBytes is how much of a title the filters search (Limits).
+	titleBytes int
 	// Windows are the sliding windows of a SEEN_MORE rule; empty for ONLY_NEW.
 	Windows []Window
 	// Users counts distinct event.user.id instead of events.
@@ -129,7 +131,8 @@ func (r *Rule) MaxPeriod() time.Duration {
 }
 
 // Matches reports whether an event with this title and newness is one the
-// rule reacts to. Title filters are case-insensitive substrings.
+// rule reacts to. Title filters are case-insensitive substrings of the
+// title's first Limits.MatchedTitleBytes bytes.
 func (r *Rule) Matches(title string, isNew bool) bool {
 	if r.OnlyNew && !isNew {
 		return false
@@ -137,7 +140,7 @@ func (r *Rule) Matches(title string, isNew bool) bool {
 	if len(r.including) == 0 && len(r.excluding) == 0 {
 		return true
 	}
-	lower := strings.ToLower(title)
+	lower := strings.ToLower(cutTitle(title, r.titleBytes))
 	for _, s := range r.excluding {
 		if strings.Contains(lower, s) {
 			return false
@@ -154,24 +157,32 @@ func (r *Rule) Matches(title string, isNew bool) bool {
 	return false
 }
 
-// Compile validates a spec of project projectID. It returns (nil, nil, nil)
-// for a disabled rule, an error naming the problem for a malformed one, and
-// warnings for a rule that works but probably not as its author meant.
+// Compile is Limits{}.Compile: it validates a spec within the default
+// limits.
 func Compile(projectID string, s Spec) (*Rule, []string, error) {
+	return Limits{}.Compile(projectID, s)
+}
+
+// Compile validates a spec of project projectID. It returns (nil, nil, nil)
+// for a disabled rule, an error naming the problem for a malformed one (one
+// over the limits included), and warnings for a rule that works but
+// probably not as its author meant.
+func (l Limits) Compile(projectID string, s Spec) (*Rule, []string, error) {
 	if !s.IsEnabled {
 		return nil, nil, nil
 	}
 	if s.ID == "" {
 		return nil, nil, fmt.Errorf("rule has no id")
 	}
-	r := &Rule{ProjectID: projectID, ID: s.ID}
+	l = l.withDefaults()
+	r := &Rule{ProjectID: projectID, ID: s.ID, titleBytes: l.MatchedTitleBytes}
 	var warnings []string
 	switch s.WhatToReceive {
 	case OnlyNew:
 		r.OnlyNew = true
 		r.Cooldown = NewGroupCooldown
 	case SeenMore:
-		windows, w, err := compileWindows(s)
+		windows, w, err := compileWindows(s, l.WindowsPerRule)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -200,6 +211,9 @@ func Compile(projectID string, s Spec) (*Rule, []string, error) {
 	r.including = lowerNonEmpty(s.Including)
 	r.excluding = lowerNonEmpty(s.Excluding)
 	r.filterKey = filterKey(r.including, r.excluding)
+	if err := l.checkFilters(r.including, r.excluding); err != nil {
+		return nil, nil, err
+	}
 	for _, name := range ChannelNames {
 		c, ok := s.Channels[name]
 		if !ok || !c.IsEnabled {
@@ -209,6 +223,12 @@ func Compile(projectID string, s Spec) (*Rule, []string, error) {
 			// Hawk sends each channel on its own: the rule's other
 			// channels keep working.
 			warnings = append(warnings, fmt.Sprintf("channel %s is enabled but has no endpoint: left out", name))
+			continue
+		}
+		if n := Recipients(c.Endpoint); name == Email && n > l.EmailRecipients {
+			// Like a missing endpoint: the rule's other channels keep
+			// working. Addresses are personal data: not repeated here.
+			warnings = append(warnings, fmt.Sprintf("channel email names %d addresses, over the limit of %d: left out", n, l.EmailRecipients))
 			continue
 		}
 		if c.MinPeriod < 0 {
@@ -238,12 +258,11 @@ func Compile(projectID string, s Spec) (*Rule, []string, error) {
 	return r, warnings, nil
 }
 
-func compileWindows(s Spec) ([]Window, []string, error) {
+func compileWindows(s Spec, maxWindows int) ([]Window, []string, error) {
 	specs := s.Windows
 	if len(specs) == 0 {
 		specs = []WindowSpec{{Threshold: s.Threshold, Period: s.ThresholdPeriod}}
 	}
-	const maxWindows = 8
 	if len(specs) > maxWindows {
 		return nil, nil, fmt.Errorf("%d windows: at most %d", len(specs), maxWindows)
 	}

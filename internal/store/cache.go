@@ -29,6 +29,9 @@ type CacheOptions struct {
 	// Logger receives each rule Problem once, when it first appears, and
 	// Run's failed loads [slog.Default()].
 	Logger *slog.Logger
+	// Limits bound each project's rules (rules.Limits; zero fields take
+	// their defaults).
+	Limits rules.Limits
 	// OnLoad, when set, is called after every load attempt, successful or
 	// not, one call at a time; it must return quickly and not call Refresh.
 	// The worker turns it into metrics.
@@ -113,7 +116,7 @@ func (c *Cache) Refresh(ctx context.Context) error {
 		c.report(LoadResult{Duration: time.Since(begin), Served: cur})
 		return nil
 	}
-	snap := Compile(specs, begin)
+	snap := CompileWithin(specs, begin, c.opts.Limits)
 	c.digest = specs.Digest
 	c.snap.Store(snap)
 	c.logNewProblems(snap.Problems())

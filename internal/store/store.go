@@ -80,27 +80,47 @@ type Snapshot struct {
 	loadedAt  time.Time
 }
 
-// Compile validates every spec with rules.Compile and returns the snapshot
-// of the enabled ones, stamped with loadedAt. Disabled rules are left out
-// quietly; a malformed rule, or a second rule with the id of an earlier one
-// of the same project, is left out with a Problem; rules.Compile's warnings
-// become Problems that do not skip the rule. Problems come sorted by project,
-// then in stored order, after those of specs.
+// Compile is CompileWithin with the default limits.
 func Compile(specs Specs, loadedAt time.Time) *Snapshot {
+	return CompileWithin(specs, loadedAt, rules.Limits{})
+}
+
+// CompileWithin validates every spec with limits.Compile and returns the
+// snapshot of the enabled ones, stamped with loadedAt. Disabled rules are
+// left out quietly; a malformed rule, or a second rule with the id of an
+// earlier one of the same project, is left out with a Problem; rules.Compile's
+// warnings become Problems that do not skip the rule. A project keeps its
+// first limits.RulesPerProject enabled rules; the rest are skipped with one
+// Problem saying how many, and are not validated (a project of 10,000 rules
+// would otherwise cost every load 10,000 compilations and as many log
+// lines). Problems come sorted by project, then in stored order, after those
+// of specs.
+func CompileWithin(specs Specs, loadedAt time.Time, limits rules.Limits) *Snapshot {
 	s := &Snapshot{
 		byProject: make(map[string][]*rules.Rule, len(specs.Projects)),
 		problems:  slices.Clone(specs.Problems),
 		loadedAt:  loadedAt,
 	}
+	maxRules := limits.MaxRules()
 	for _, projectID := range sortedKeys(specs.Projects) {
 		var compiled []*rules.Rule
 		seen := map[string]bool{}
+		over, firstOver := 0, ""
 		for i, spec := range specs.Projects[projectID] {
 			ruleID := spec.ID
 			if ruleID == "" {
 				ruleID = fmt.Sprintf("#%d", i)
 			}
-			r, warnings, err := rules.Compile(projectID, spec)
+			if len(compiled) == maxRules {
+				if spec.IsEnabled {
+					if over == 0 {
+						firstOver = ruleID
+					}
+					over++
+				}
+				continue
+			}
+			r, warnings, err := limits.Compile(projectID, spec)
 			if err != nil {
 				s.problems = append(s.problems, Problem{ProjectID: projectID, RuleID: ruleID, Reason: err.Error(), Skipped: true})
 				continue
@@ -118,6 +138,10 @@ func Compile(specs Specs, loadedAt time.Time) *Snapshot {
 				s.problems = append(s.problems, Problem{ProjectID: projectID, RuleID: ruleID, Reason: w})
 			}
 			compiled = append(compiled, r)
+		}
+		if over > 0 {
+			s.problems = append(s.problems, Problem{ProjectID: projectID, RuleID: firstOver, Skipped: true,
+				Reason: fmt.Sprintf("over the limit of %d rules per project: %d enabled rules skipped, from this one on", maxRules, over)})
 		}
 		if len(compiled) > 0 {
 			s.byProject[projectID] = slices.Clip(compiled)

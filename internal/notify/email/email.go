@@ -61,7 +61,14 @@ type Config struct {
 	// Timeout bounds each send when the context has no earlier deadline;
 	// zero means DefaultTimeout.
 	Timeout time.Duration
+	// MaxRecipients is the most addresses an endpoint may name; a send to
+	// more fails for good. Zero means DefaultMaxRecipients.
+	MaxRecipients int
 }
+
+// DefaultMaxRecipients is Config.MaxRecipients' default, as
+// rules.DefaultEmailRecipients.
+const DefaultMaxRecipients = 10
 
 // Notifier sends messages by SMTP.
 type Notifier struct {
@@ -115,6 +122,9 @@ func New(cfg Config) (*Notifier, error) {
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
+	if cfg.MaxRecipients <= 0 {
+		cfg.MaxRecipients = DefaultMaxRecipients
+	}
 	page, err := template.New("email").Parse(pageHTML)
 	if err != nil {
 		return nil, fmt.Errorf("email: template: %w", err)
@@ -122,13 +132,20 @@ func New(cfg Config) (*Notifier, error) {
 	return &Notifier{cfg: cfg, host: host, from: from, mode: mode, tls: tlsConfig, page: page, timeout: timeout}, nil
 }
 
-// Notify emails m to the comma-separated addresses in endpoint. SMTP 4xx
-// replies and connection or TLS failures are worth retrying; 5xx replies
-// are not. When the server refuses some recipients with 5xx and accepts
-// others, the message goes to those it accepted and the error names the
-// rest, without retry: a retry would repeat the message to the others. So
-// does a failure in a later transaction, when a server that takes only so
-// many recipients per message had the list split.
+// Notify emails m to the comma-separated addresses in endpoint, at most
+// Config.MaxRecipients of them. They are blind recipients: the mail's To
+// says "undisclosed-recipients", so nobody sees who else got it (an
+// endpoint is written by a project's users, who are not trusted with
+// anyone's addresses).
+//
+// SMTP 4xx replies and connection or TLS failures are worth retrying; 5xx
+// replies are not. When the server refuses some recipients with 5xx and
+// accepts others, the message goes to those it accepted and the error counts
+// the rest, without retry: a retry would repeat the message to the others.
+// So does a failure in a later transaction, when a server that takes only so
+// many recipients per message had the list split. Addresses are personal
+// data: errors name a recipient by its position in the endpoint, never by
+// its address, and what the server says is redacted of them.
 func (n *Notifier) Notify(ctx context.Context, endpoint string, m *notify.Message) (retry bool, err error) {
 	if err := notify.CheckMessage(m); err != nil {
 		return false, err
@@ -137,7 +154,10 @@ func (n *Notifier) Notify(ctx context.Context, endpoint string, m *notify.Messag
 	if err != nil {
 		return false, err
 	}
-	msg, err := n.compose(to, m)
+	if len(to) > n.cfg.MaxRecipients {
+		return false, fmt.Errorf("email: the endpoint names %d addresses, over the limit of %d", len(to), n.cfg.MaxRecipients)
+	}
+	msg, err := n.compose(m)
 	if err != nil {
 		return false, err
 	}
@@ -147,7 +167,22 @@ func (n *Notifier) Notify(ctx context.Context, endpoint string, m *notify.Messag
 	}
 	ctx, cancel := context.WithTimeout(ctx, n.timeout)
 	defer cancel()
-	return n.send(ctx, rcpts, msg)
+	retry, err = n.send(ctx, rcpts, msg)
+	return retry, notify.RedactError(err, addressSecrets(to)...)
+}
+
+// undisclosed is the To header of every mail: RFC 5322's empty group, the
+// usual form for a mail whose recipients are all blind.
+const undisclosed = "undisclosed-recipients:;"
+
+// addressSecrets lists the spellings of the recipients' addresses that an
+// SMTP reply might repeat, for notify.RedactError.
+func addressSecrets(to []*mail.Address) []string {
+	var secrets []string
+	for _, a := range to {
+		secrets = append(secrets, smtpPath(a), a.Address)
+	}
+	return secrets
 }
 
 // parseRecipients reads "a@x.io, Bob <b@y.io>", tolerating stray commas.
@@ -163,7 +198,8 @@ func parseRecipients(endpoint string) ([]*mail.Address, error) {
 			}
 			a, err := mail.ParseAddress(s)
 			if err != nil {
-				return nil, fmt.Errorf("email: recipient %q: %w", s, err)
+				// Not repeated: an address is personal data.
+				return nil, fmt.Errorf("email: recipient %d is not an address: %w", len(list)+1, err)
 			}
 			list = append(list, a)
 		}
@@ -196,7 +232,7 @@ const (
 	maxLine        = 300 // a title or detail line, in bytes
 )
 
-func (n *Notifier) compose(to []*mail.Address, m *notify.Message) (*gomail.Message, error) {
+func (n *Notifier) compose(m *notify.Message) (*gomail.Message, error) {
 	v := notify.Render(m)
 	if m.Digest {
 		v = bounded(v)
@@ -207,11 +243,7 @@ func (n *Notifier) compose(to []*mail.Address, m *notify.Message) (*gomail.Messa
 	}
 	gm := gomail.NewMessage()
 	gm.SetHeader("From", n.from.String())
-	addrs := make([]string, len(to))
-	for i, a := range to {
-		addrs[i] = a.String()
-	}
-	gm.SetHeader("To", addrs...)
+	gm.SetHeader("To", undisclosed)
 	// Encoded, a CR or LF would still come back when the subject is
 	// decoded: a rule id in a digest's subject is not made one line.
 	gm.SetHeader("Subject", "[Klaxon] "+notify.OneLine(v.Subject))
@@ -324,7 +356,7 @@ func (n *Notifier) send(ctx context.Context, to []string, msg *gomail.Message) (
 		if len(sent) == 0 {
 			return retry, err
 		}
-		return false, fmt.Errorf("email: sent to %d of %d recipients, but not to %s: %w", len(sent), len(to), strings.Join(unsent, ", "), err)
+		return false, fmt.Errorf("email: sent to %d of %d recipients, but not to %s: %w", len(sent), len(to), positions(to, unsent), err)
 	}
 	var refused []string
 	// One transaction, unless the server takes fewer recipients per message:
@@ -350,7 +382,7 @@ func (n *Notifier) send(ctx context.Context, to []string, msg *gomail.Message) (
 			if retry, err := classify("RCPT TO", err); retry {
 				return partial(true, err, slices.Concat(accepted, []string{addr}, rest)...)
 			}
-			refused = append(refused, fmt.Sprintf("%s (%v)", addr, err))
+			refused = append(refused, fmt.Sprintf("%s (%v)", positions(to, []string{addr}), err))
 		}
 		if len(accepted) == 0 {
 			break // every one left was refused
@@ -370,6 +402,21 @@ func (n *Notifier) send(ctx context.Context, to []string, msg *gomail.Message) (
 		return false, fmt.Errorf("email: sent, but some recipients refused: %s", strings.Join(refused, "; "))
 	}
 	return false, nil
+}
+
+// positions names the recipients of some by their positions in all, from
+// 1: "recipients 2, 5" or "recipient 3".
+func positions(all, some []string) string {
+	var ns []string
+	for _, a := range some {
+		if i := slices.Index(all, a); i >= 0 {
+			ns = append(ns, strconv.Itoa(i+1))
+		}
+	}
+	if len(ns) == 1 {
+		return "recipient " + ns[0]
+	}
+	return "recipients " + strings.Join(ns, ", ")
 }
 
 // data sends msg in the current transaction, and returns the server's

@@ -170,11 +170,33 @@ func payload(m *notify.Message) *slackapi.WebhookMessage {
 	}
 	noUnfurl := false
 	return &slackapi.WebhookMessage{
-		Text:        escape(v.Subject),
+		Text:        text(m, v),
 		Blocks:      &slackapi.Blocks{BlockSet: blocks},
 		UnfurlLinks: &noUnfurl,
 		UnfurlMedia: &noUnfurl,
 	}
+}
+
+// text is the message's top-level text, which notifications and old clients
+// show. Slack renders it as mrkdwn, auto-linking URLs (an incoming webhook
+// ignores "parse"), so it is made as safe as the blocks: what comes from
+// an event or a rule sits in code spans, shown as typed and never linked;
+// the rest is Klaxon's own wording, escaped.
+func text(m *notify.Message, v notify.View) string {
+	if !m.Digest {
+		n := m.Notifications[0]
+		return code(notify.Truncate(v.Items[0].Title, notify.SubjectTitle)) + " — " + escape(notify.ShortSummary(n))
+	}
+	noun := "notifications"
+	if len(v.Items) == 1 {
+		noun = "notification"
+	}
+	s := fmt.Sprintf("%d %s for rule %s: %s", len(v.Items), noun, code(m.RuleID),
+		code(notify.Truncate(v.Items[0].Title, notify.SubjectTitle)))
+	if more := len(v.Items) - 1; more > 0 {
+		s += fmt.Sprintf(" and %d more", more)
+	}
+	return s
 }
 
 // digestBlocks lists one line per firing, packed into as few sections as

@@ -331,3 +331,31 @@ func TestGuardedClient(t *testing.T) {
 		t.Errorf("307: Notify = %t, %v after %d followed; want a permanent 307 saying it redirected", retry, err, followed.Load())
 	}
 }
+
+// Slack renders the top-level text as mrkdwn and links URLs in it (an
+// incoming webhook ignores "parse"): a title of "*URGENT* reset at
+// https://evil.example" showed bold, with a link, in every notification.
+// The text puts titles and rule ids in code spans, as the blocks do.
+func TestTextIsAsSafeAsBlocks(t *testing.T) {
+	const title = "*URGENT* _reset_ ~now~ at https://evil.example <!channel> & `x`"
+	const want = "`*URGENT* _reset_ ~now~ at https://evil.example &lt;!channel&gt; &amp; ˋxˋ` — 150 events in the last 1 minute"
+	srv := notifytest.NewSlackServer(t)
+	if _, err := slack.New(nil).Notify(context.Background(), srv.URL, single(threshold("n-1", title))); err != nil {
+		t.Fatal(err)
+	}
+	if r := onlyRequest(t, srv); r.Text != want {
+		t.Errorf("text %q\nwant %q", r.Text, want)
+	}
+
+	m := digest(3)
+	m.RuleID = "*rule*"
+	m.Notifications[0].Event.Title = title
+	srv = notifytest.NewSlackServer(t)
+	if _, err := slack.New(nil).Notify(context.Background(), srv.URL, m); err != nil {
+		t.Fatal(err)
+	}
+	const wantDigest = "3 notifications for rule `*rule*`: `*URGENT* _reset_ ~now~ at https://evil.example &lt;!channel&gt; &amp; ˋxˋ` and 2 more"
+	if r := onlyRequest(t, srv); r.Text != wantDigest {
+		t.Errorf("digest text %q\nwant %q", r.Text, wantDigest)
+	}
+}

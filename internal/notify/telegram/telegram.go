@@ -57,6 +57,11 @@ type Config struct {
 	// HookHosts, when not nil, are the patterns a hook URL must match
 	// (KLAXON_TELEGRAM_HOOK_HOSTS); any other fails for good.
 	HookHosts []netguard.Pattern
+	// AllowedChats are the chat ids ("-1001234567") and usernames
+	// ("@alerts", any case) the bot may post to; empty means any chat the
+	// bot is in. With one token shared by every project, any project's rule
+	// could otherwise post to any other's chat.
+	AllowedChats []string
 }
 
 // Notifier sends messages to Telegram chats.
@@ -66,6 +71,7 @@ type Notifier struct {
 	client     *http.Client
 	hookClient *http.Client
 	hookHosts  []netguard.Pattern
+	allowed    map[string]bool // by chatKey; nil = any chat
 }
 
 var _ notify.Channel = (*Notifier)(nil)
@@ -92,8 +98,18 @@ func New(cfg Config) (*Notifier, error) {
 	if hookClient == nil {
 		hookClient = client
 	}
+	var allowed map[string]bool
+	for _, c := range cfg.AllowedChats {
+		if c = strings.TrimSpace(c); c != "" {
+			if allowed == nil {
+				allowed = map[string]bool{}
+			}
+			allowed[chatKey(c)] = true
+		}
+	}
 	return &Notifier{
-		token: cfg.Token,
+		allowed: allowed,
+		token:   cfg.Token,
 		// A % in the base URL would read as a verb of tgbotapi's format.
 		endpoint:   strings.ReplaceAll(api, "%", "%%") + "/bot%s/%s",
 		client:     client,
@@ -129,6 +145,10 @@ func (n *Notifier) Notify(ctx context.Context, chatID string, m *notify.Message)
 	if n.token == "" {
 		return false, errors.New("telegram: no bot token is configured: only hook URLs (Hawk's @codex_bot) can be sent to")
 	}
+	if n.allowed != nil && !n.allowed[chatKey(chatID)] {
+		// The chat id is an endpoint: not repeated here.
+		return false, errors.New("telegram: the chat is not one this deployment allows (KLAXON_TELEGRAM_ALLOWED_CHATS)")
+	}
 	msg := tgbotapi.MessageConfig{
 		BaseChat:              tgbotapi.BaseChat{ChannelUsername: chatID},
 		Text:                  Text(m),
@@ -152,6 +172,16 @@ func (n *Notifier) Notify(ctx context.Context, chatID string, m *notify.Message)
 	}
 	retry, err = classify(err, doer.status)
 	return retry, notify.RedactError(err, n.token)
+}
+
+// chatKey is how a chat is compared with the allowlist: a numeric id as
+// its number ("+42" and "42" are one chat), a username in lower case, as
+// Telegram's usernames are case-insensitive.
+func chatKey(chat string) string {
+	if id, err := strconv.ParseInt(chat, 10, 64); err == nil {
+		return strconv.FormatInt(id, 10)
+	}
+	return strings.ToLower(chat)
 }
 
 // classify maps a tgbotapi error to retry-or-not. status is the HTTP status

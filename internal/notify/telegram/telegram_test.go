@@ -363,3 +363,38 @@ func TestHookHostsAndClient(t *testing.T) {
 	}
 	onlyRequest(t, api)
 }
+
+// With one bot token shared by every project, any project's rule could
+// post to any chat the bot is in. The deployment's allowlist refuses other
+// chats for good, before any request, with a reason that says so and does
+// not repeat the chat.
+func TestChatAllowlist(t *testing.T) {
+	srv := notifytest.NewTelegramServer(t, token)
+	n, err := telegram.New(telegram.Config{Token: token, APIURL: srv.URL, AllowedChats: []string{"-1001234567", " @Alerts_Team "}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, chat := range []string{"-1001234567", "@alerts_team", "@ALERTS_TEAM"} {
+		if retry, err := n.Notify(context.Background(), chat, single(threshold("n-1", "A"))); err != nil {
+			t.Errorf("allowed chat %s: Notify = %t, %v", chat, retry, err)
+		}
+	}
+	for _, chat := range []string{"-1009999999", "@other_team", "1234567"} {
+		retry, err := n.Notify(context.Background(), chat, single(threshold("n-2", "A")))
+		if err == nil || retry || !strings.Contains(err.Error(), "KLAXON_TELEGRAM_ALLOWED_CHATS") || strings.Contains(err.Error(), chat) {
+			t.Errorf("chat %s outside the allowlist: Notify = %t, %v; want a permanent error naming the setting, not the chat", chat, retry, err)
+		}
+	}
+	var sent []string
+	for _, r := range srv.Requests() {
+		sent = append(sent, r.ChatID)
+	}
+	if len(sent) != 3 || sent[0] != "-1001234567" {
+		t.Errorf("Telegram got sendMessage for chats %q, want the 3 allowed only", sent)
+	}
+
+	// Without an allowlist, any chat, as before.
+	if _, err := newNotifier(t, srv.URL).Notify(context.Background(), "-1009999999", single(threshold("n-3", "A"))); err != nil {
+		t.Errorf("no allowlist: %v", err)
+	}
+}
