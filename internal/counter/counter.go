@@ -30,6 +30,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -39,6 +40,9 @@ import (
 
 //go:embed observe.lua
 var observeLua string
+
+//go:embed cas.lua
+var casLua string
 
 // Resolution is the bucket width of a window of the given period: period/60,
 // but at least 100 ms. A count may include events up to this much older than
@@ -159,6 +163,11 @@ type Engine struct {
 	// hash slots may live on different nodes.
 	groupsPerCall int
 	verbose       bool
+	cas           *redis.Script
+	// scriptOnly counts every group with observe.lua (tests of the script).
+	scriptOnly bool
+	// Groups counted in the worker and stored, and counted by the script.
+	fastGroups, scriptGroups atomic.Int64
 }
 
 // New returns an engine on rdb (single node, Sentinel or Cluster).
@@ -178,6 +187,7 @@ func New(rdb redis.UniversalClient, opts Options) *Engine {
 	return &Engine{
 		rdb:           rdb,
 		script:        redis.NewScript(observeLua),
+		cas:           redis.NewScript(casLua),
 		prefix:        opts.Prefix,
 		dedupTTL:      opts.DedupTTL.Milliseconds(),
 		groupsPerCall: opts.GroupsPerCall,
@@ -197,6 +207,14 @@ func GroupKey(prefix, projectID, groupHash string) string {
 type group struct {
 	base   string
 	events []int // indexes into the batch
+	// Of the fast path: the state as read, the generation it had, and
+	// what counting it in Go made of it.
+	raw      []byte
+	gen      string
+	state    []byte
+	expiry   int64
+	records  []any
+	counted  bool
 }
 
 // call is one script call: the events of up to groupsPerCall groups.
@@ -210,41 +228,84 @@ type call struct {
 }
 
 // Observe counts a batch of events and returns one Result per event, in
-// order; an event without rules costs nothing and gets a zero Result. It
-// costs one Redis round trip (per Cluster node): script calls of up to 32
-// (project, group)s, or on Cluster one per (project, group), pipelined.
-// Observing the same batch again after an error is safe for events with an
-// ID; one without may count twice then (never zero times).
+// order; an event without rules costs nothing and gets a zero Result.
+//
+// Most groups cost Redis two commands: their states are read, counted
+// into by the worker (state.go) and written back by cas.lua if no other
+// worker wrote them meanwhile. The others, and those that repeat an event,
+// are counted by observe.lua, atomically, in up to 32 (project, group)s a
+// call, or on Cluster one. Observing the same batch again after an error is
+// safe for events with an ID; one without may count twice then (never zero
+// times).
 func (e *Engine) Observe(ctx context.Context, events []Event) ([]Result, error) {
-	// The token marks this Observe's calls, so that a call the client sends
-	// twice (a pipeline resent after a lost reply) counts once.
-	token := rand.Int64N(1<<53-1) + 1
-	calls := e.plan(events, token)
-	if len(calls) == 0 {
-		return make([]Result, len(events)), nil
+	return e.ObserveBatch(ctx, rand.Int64N(1<<53-1)+1, events)
+}
+
+// ObserveBatch is Observe for a batch that may be observed again after an
+// error: token (from 1 to 2^53-1) names it, the same at every attempt.
+// Each group's state keeps the tokens of the last four writes, so that an
+// attempt whose writes landed though its reply was lost (Redis stopped, a
+// connection cut, a pipeline the client sent twice) is not counted again
+// by the next one, with or without message ids: its events are reported as
+// duplicates, with their firings.
+// A token out of that range gets a random one, as Observe.
+func (e *Engine) ObserveBatch(ctx context.Context, token int64, events []Event) ([]Result, error) {
+	if token < 1 || token >= 1<<53 {
+		// 0 is what an empty state holds: it would read as "counted".
+		token = rand.Int64N(1<<53-1) + 1
 	}
+	b := &batch{events: events, keys: make([]string, len(events)), modes: make([]string, len(events)),
+		results: make([]Result, len(events)), token: token}
+	groups := e.group(b)
+	if len(groups) == 0 {
+		return b.results, nil
+	}
+	slow := groups
+	if !e.scriptOnly {
+		var err error
+		if slow, err = e.observeFast(ctx, b, groups); err != nil {
+			return nil, err
+		}
+	}
+	if len(slow) == 0 {
+		e.fastGroups.Add(int64(len(groups)))
+		return b.results, nil
+	}
+	e.fastGroups.Add(int64(len(groups) - len(slow)))
+	e.scriptGroups.Add(int64(len(slow)))
+	calls := e.plan(b, slow)
 	if err := e.run(ctx, calls); err != nil {
 		return nil, err
 	}
-	results := make([]Result, len(events))
 	for _, c := range calls {
-		if err := decode(c, events, results); err != nil {
+		if err := decode(c, events, b.results); err != nil {
 			return nil, fmt.Errorf("decode reply for %s: %w", c.keys[0], err)
 		}
 	}
-	return results, nil
+	return b.results, nil
 }
 
-// plan groups the events by (project, group), keeping their order, and the
-// groups into calls.
-func (e *Engine) plan(events []Event, token int64) []*call {
+// batch is one Observe's events, their keys and identity modes, and the
+// results.
+type batch struct {
+	events  []Event
+	keys    []string
+	modes   []string
+	results []Result
+	token   int64
+}
+
+// group sorts the events with rules by (project, group), keeping their
+// order.
+func (e *Engine) group(b *batch) []*group {
 	byBase := make(map[string]*group)
 	var groups []*group
-	for i := range events {
-		ev := &events[i]
+	for i := range b.events {
+		ev := &b.events[i]
 		if len(ev.Rules) == 0 {
 			continue
 		}
+		b.keys[i], b.modes[i] = eventKey(ev)
 		base := GroupKey(e.prefix, ev.ProjectID, ev.GroupHash)
 		g := byBase[base]
 		if g == nil {
@@ -254,8 +315,13 @@ func (e *Engine) plan(events []Event, token int64) []*call {
 		}
 		g.events = append(g.events, i)
 	}
-	// Enough groups a call to pay its fixed cost rarely, few enough that one
-	// script, which Redis runs alone, ends within milliseconds.
+	return groups
+}
+
+// plan puts groups into script calls: enough groups a call to pay its
+// fixed cost rarely, few enough that one script, which Redis runs alone,
+// ends within milliseconds.
+func (e *Engine) plan(b *batch, groups []*group) []*call {
 	per := e.groupsPerCall
 	var calls []*call
 	for lo := 0; lo < len(groups); lo += per {
@@ -263,7 +329,7 @@ func (e *Engine) plan(events []Event, token int64) []*call {
 		for _, g := range c.groups {
 			c.keys = append(c.keys, g.base)
 		}
-		c.args = e.args(c, events, token)
+		c.args = e.args(c, b)
 		calls = append(calls, c)
 	}
 	return calls
@@ -314,7 +380,8 @@ func eventKey(ev *Event) (key, mode string) {
 }
 
 // args encodes a call as the script's ARGV.
-func (e *Engine) args(c *call, events []Event, token int64) []any {
+func (e *Engine) args(c *call, b *batch) []any {
+	events := b.events
 	size := 4
 	for _, g := range c.groups {
 		size++
@@ -333,14 +400,13 @@ func (e *Engine) args(c *call, events []Event, token int64) []any {
 		verbose = 1
 	}
 	args := make([]any, 0, size)
-	args = append(args, e.dedupTTL, token, verbose, len(c.rules))
+	args = append(args, e.dedupTTL, b.token, verbose, len(c.rules))
 	for _, r := range c.rules {
 		users := 0
 		if r.Users {
 			users = 1
 		}
-		ttl := max(r.MaxPeriod(), r.Cooldown) + time.Second
-		args = append(args, stateTag(r), idTag(r), ttl.Milliseconds(), r.Cooldown.Milliseconds(), users, len(r.Windows))
+		args = append(args, stateTag(r), idTag(r), stateTTL(r), r.Cooldown.Milliseconds(), users, len(r.Windows))
 		for _, w := range r.Windows {
 			args = append(args, ringTag(r, w.Period), w.Threshold, w.Period.Milliseconds(),
 				Resolution(w.Period).Milliseconds())
@@ -354,14 +420,19 @@ func (e *Engine) args(c *call, events []Event, token int64) []any {
 			if !ev.Time.IsZero() {
 				ts = eventMilli(ev.Time)
 			}
-			key, mode := eventKey(ev)
-			args = append(args, key, mode, ts, ev.UserID, len(ev.Rules))
+			args = append(args, b.keys[i], b.modes[i], ts, ev.UserID, len(ev.Rules))
 			for _, r := range ev.Rules {
 				args = append(args, c.add(r)+1)
 			}
 		}
 	}
 	return args
+}
+
+// stateTTL is how long (ms) a rule's state in a group is kept after its
+// last event: its longest window or cooldown, and a second.
+func stateTTL(r *rules.Rule) int64 {
+	return (max(r.MaxPeriod(), r.Cooldown) + time.Second).Milliseconds()
 }
 
 // eventMilli is an event's time in ms for the script: 0 for any time before
@@ -378,14 +449,18 @@ func eventMilli(t time.Time) int64 {
 	return t.UnixMilli()
 }
 
-// run sends every call in one pipeline, loading the script once if Redis
-// does not know it (after a restart or failover).
+// run sends every call of script in one pipeline, loading the script once
+// if Redis does not know it (after a restart or failover).
 func (e *Engine) run(ctx context.Context, calls []*call) error {
+	return e.eval(ctx, e.script, calls)
+}
+
+func (e *Engine) eval(ctx context.Context, script *redis.Script, calls []*call) error {
 	pending := calls
 	for attempt := 0; ; attempt++ {
 		_, err := e.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, c := range pending {
-				c.cmd = e.script.EvalSha(ctx, p, c.keys, c.args...)
+				c.cmd = script.EvalSha(ctx, p, c.keys, c.args...)
 			}
 			return nil
 		})
@@ -396,31 +471,24 @@ func (e *Engine) run(ctx context.Context, calls []*call) error {
 		for _, c := range pending {
 			if err := c.cmd.Err(); err != nil {
 				if !redis.HasErrorPrefix(err, "NOSCRIPT") {
-					return fmt.Errorf("observe %d groups from %s: %w", len(c.groups), c.keys[0], err)
+					return fmt.Errorf("count %d groups from %s: %w", len(c.keys), c.keys[0], err)
 				}
 				missing = append(missing, c)
 			}
 		}
 		if len(missing) == 0 {
-			return fmt.Errorf("observe: %w", err)
+			return fmt.Errorf("count: %w", err)
 		}
 		if attempt > 0 {
-			return fmt.Errorf("observe: script still missing after loading it: %w", err)
+			return fmt.Errorf("count: script still missing after loading it: %w", err)
 		}
 		// Only the calls that did not run are sent again; the others counted.
-		if err := e.load(ctx); err != nil {
-			return err
+		// A cluster client sends SCRIPT LOAD to every shard.
+		if err := script.Load(ctx, e.rdb).Err(); err != nil {
+			return fmt.Errorf("load counting script: %w", err)
 		}
 		pending = missing
 	}
-}
-
-func (e *Engine) load(ctx context.Context) error {
-	// A cluster client sends SCRIPT LOAD to every shard.
-	if err := e.script.Load(ctx, e.rdb).Err(); err != nil {
-		return fmt.Errorf("load observe script: %w", err)
-	}
-	return nil
 }
 
 // Kinds of reply items.

@@ -391,7 +391,8 @@ func TestManyGroupsInOneBatch(t *testing.T) {
 				}
 			}
 			evs = append(evs, Event{ID: "no-rules", ProjectID: project, GroupHash: "g0"})
-			calls := e.plan(evs, 1)
+			b := &batch{events: evs, keys: make([]string, len(evs)), modes: make([]string, len(evs))}
+			calls := e.plan(b, e.group(b))
 			if want := (groups + tc.per - 1) / tc.per; len(calls) != want {
 				t.Fatalf("%d script calls for %d groups, want %d", len(calls), groups, want)
 			}
@@ -523,6 +524,7 @@ func TestModelAgreesWithLua(t *testing.T) {
 
 func differential(t *testing.T, rdb redis.UniversalClient, streams int, seed uint64) {
 	ctx := context.Background()
+	var fast, script int64
 	for s := range streams {
 		rng := rand.New(rand.NewPCG(seed, uint64(s)))
 		// Every other stream is told only its firings, as the worker is.
@@ -530,6 +532,9 @@ func differential(t *testing.T, rdb redis.UniversalClient, streams int, seed uin
 		// Every fifth has no ids: every delivery counts, redeliveries too.
 		idless := s%5 == 4
 		e := New(rdb, Options{Verbose: verbose, Prefix: testPrefix(t, rdb)})
+		// Every third stream is counted by the script alone; the others
+		// mostly in the worker, the script taking repeats and conflicts.
+		e.scriptOnly = s%3 == 1
 		model := NewModel()
 		var rs []*rules.Rule
 		for range 1 + rng.IntN(4) {
@@ -617,6 +622,13 @@ func differential(t *testing.T, rdb redis.UniversalClient, streams int, seed uin
 			}
 			sent = append(sent, batch...)
 		}
+		if e.scriptOnly && e.fastGroups.Load() != 0 {
+			t.Fatalf("stream %d: groups counted in the worker with scriptOnly", s)
+		}
+		fast, script = fast+e.fastGroups.Load(), script+e.scriptGroups.Load()
+	}
+	if fast == 0 || script == 0 {
+		t.Fatalf("groups counted in the worker %d, by the script %d: want both paths tried", fast, script)
 	}
 }
 
@@ -772,9 +784,11 @@ func TestModelAgreesWithLuaAtTheEdges(t *testing.T) {
 	if testing.Short() {
 		streams = 30
 	}
+	var fast, script int64
 	for s := range streams {
 		rng := rand.New(rand.NewPCG(11, uint64(s)))
 		e := New(rdb, Options{Verbose: true, Prefix: testPrefix(t, rdb), GroupsPerCall: 1 + rng.IntN(40)})
+		e.scriptOnly = s%3 == 1
 		model := NewModel()
 		var rs []*rules.Rule
 		for range 1 + rng.IntN(4) {
@@ -856,5 +870,12 @@ func TestModelAgreesWithLuaAtTheEdges(t *testing.T) {
 			}
 			sent = append(sent, batch...)
 		}
+		if e.scriptOnly && e.fastGroups.Load() != 0 {
+			t.Fatalf("stream %d: groups counted in the worker with scriptOnly", s)
+		}
+		fast, script = fast+e.fastGroups.Load(), script+e.scriptGroups.Load()
+	}
+	if fast == 0 || script == 0 {
+		t.Fatalf("groups counted in the worker %d, by the script %d: want both paths tried", fast, script)
 	}
 }

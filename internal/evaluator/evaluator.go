@@ -39,9 +39,11 @@ type Rules interface {
 // its events as "project without rules" would lose them.
 var ErrRulesNotLoaded = errors.New("no rules loaded yet: holding events until the rule store answers")
 
-// Counter counts events against the rules they matched.
+// Counter counts events against the rules they matched. token names the
+// batch, the same at every attempt, so that an attempt whose writes landed
+// though it failed is not counted again.
 type Counter interface {
-	Observe(ctx context.Context, events []counter.Event) ([]counter.Result, error)
+	ObserveBatch(ctx context.Context, token int64, events []counter.Event) ([]counter.Result, error)
 }
 
 // Publisher publishes messages and returns once the broker confirmed them.
@@ -132,7 +134,7 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 	var results []counter.Result
 	if len(events) > 0 {
 		var err error
-		if results, err = e.Counter.Observe(ctx, events); err != nil {
+		if results, err = e.Counter.ObserveBatch(ctx, b.ID, events); err != nil {
 			return fmt.Errorf("count %d events: %w", len(events), err)
 		}
 		for i, res := range results {

@@ -38,7 +38,7 @@ type fakeCounter struct {
 	record bool
 }
 
-func (f *fakeCounter) Observe(_ context.Context, events []counter.Event) ([]counter.Result, error) {
+func (f *fakeCounter) ObserveBatch(_ context.Context, _ int64, events []counter.Event) ([]counter.Result, error) {
 	if f.err != nil {
 		return nil, f.err
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	mathrand "math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -80,6 +81,10 @@ type Batch struct {
 	Deliveries []Delivery
 	// Attempt counts handler calls on this batch: 1, then 2 after an error, …
 	Attempt int
+	// ID names the batch across its attempts (a random number below 2^53),
+	// so that a handler can tell its own earlier attempt's writes from
+	// others' when an attempt failed after they landed.
+	ID int64
 
 	requeue []bool
 }
@@ -566,7 +571,7 @@ func (s *session) collect(ctx context.Context, max int, linger time.Duration) (b
 	if lingering {
 		s.timer.Stop()
 	}
-	return &Batch{Deliveries: items}, true
+	return &Batch{Deliveries: items, ID: mathrand.Int64N(1<<53-1) + 1}, true
 }
 
 func fromAMQP(d amqp.Delivery) Delivery {

@@ -1,0 +1,29 @@
+-- cas.lua: store the states a worker counted itself (state.go), each only
+-- if its group's state is still the one the worker read: the generation
+-- in bytes 80-83 unchanged (observe.lua and this script bump it at every
+-- write), or the state still missing. A group whose state changed
+-- meanwhile is left as it is, for the worker to count with observe.lua.
+--
+-- KEYS   one base "<prefix>:{…}" per group
+-- ARGV   idsUntil(ms), then per group, in KEYS order:
+--          generation (as read: 4 bytes, or '' for none) state expiry(ms)
+--          nrecords, then nrecords pairs of event key and firing record
+-- Reply  per group: 1 stored, 0 changed meanwhile (nothing written)
+
+local a, out, p = ARGV, {}, 2
+for i = 1, #KEYS do
+  local base, nrec = KEYS[i], tonumber(a[p + 3])
+  local key = base .. ':s'
+  if redis.call('GETRANGE', key, 79, 82) == a[p] then
+    redis.call('SET', key, a[p + 1], 'PXAT', a[p + 2])
+    if nrec > 0 then
+      redis.call('HSET', base .. ':f', unpack(a, p + 4, p + 3 + 2 * nrec))
+      redis.call('PEXPIREAT', base .. ':f', a[1])
+    end
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+  p = p + 4 + 2 * nrec
+end
+return out

@@ -1,0 +1,220 @@
+package counter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// observeFast counts, in the worker, the groups it can: it reads their
+// states (and Redis' clock) in one round trip, counts each group's events
+// into its state as observe.lua would, and stores the states with cas.lua
+// in a second. It returns the groups left for observe.lua: those with an
+// event that repeats or was redelivered, a rule that counts users, ids in
+// pages, and those another worker wrote in between.
+func (e *Engine) observeFast(ctx context.Context, b *batch, groups []*group) (slow []*group, err error) {
+	var fast []*group
+	for _, g := range groups {
+		if e.fastCandidate(b, g) {
+			fast = append(fast, g)
+		} else {
+			slow = append(slow, g)
+		}
+	}
+	if len(fast) == 0 {
+		return slow, nil
+	}
+	var clock *redis.TimeCmd
+	gets := make([]*redis.StringCmd, len(fast))
+	_, err = e.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		clock = p.Time(ctx)
+		for i, g := range fast {
+			gets[i] = p.Get(ctx, g.base+":s")
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("read %d group states: %w", len(fast), err)
+	}
+	now := clock.Val().UnixMilli()
+	slot := now / e.dedupTTL
+	var counted []*group
+	for i, g := range fast {
+		raw, err := gets[i].Bytes()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("read state of %s: %w", g.base, err)
+		}
+		g.raw, g.gen = raw, ""
+		if len(raw) > genOffset {
+			g.gen = string(raw[genOffset:min(genOffset+4, len(raw))])
+		}
+		if e.countGroup(b, g, now, slot) {
+			counted = append(counted, g)
+		} else {
+			slow = append(slow, g)
+		}
+	}
+	if len(counted) == 0 {
+		return slow, nil
+	}
+	var calls []*call
+	for lo := 0; lo < len(counted); lo += e.groupsPerCall {
+		c := &call{groups: counted[lo:min(lo+e.groupsPerCall, len(counted))]}
+		c.args = []any{(slot + 2) * e.dedupTTL}
+		for _, g := range c.groups {
+			c.keys = append(c.keys, g.base)
+			c.args = append(c.args, g.gen, g.state, g.expiry, len(g.records)/2)
+			c.args = append(c.args, g.records...)
+		}
+		calls = append(calls, c)
+	}
+	if err := e.eval(ctx, e.cas, calls); err != nil {
+		return nil, err
+	}
+	for _, c := range calls {
+		stored, err := c.cmd.Int64Slice()
+		if err != nil || len(stored) != len(c.groups) {
+			return nil, fmt.Errorf("store states from %s: reply %v: %w", c.keys[0], stored, err)
+		}
+		for i, g := range c.groups {
+			if stored[i] != 1 {
+				// Another worker wrote the state meanwhile: count again,
+				// in the script, from the state as it is now.
+				for _, ev := range g.events {
+					b.results[ev] = Result{}
+				}
+				slow = append(slow, g)
+			}
+		}
+	}
+	return slow, nil
+}
+
+// fastCandidate reports whether a group's events may be counted in the
+// worker at all: users sets and redeliveries' replays are the script's.
+func (e *Engine) fastCandidate(b *batch, g *group) bool {
+	for _, i := range g.events {
+		if b.modes[i] == modeRedelivered {
+			return false
+		}
+		for _, r := range b.events[i].Rules {
+			if r.Users {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// countGroup counts g's events into its state as observe.lua's loop does
+// for one group, fills their results, and keeps what cas.lua is to store.
+// It returns false, having changed nothing, where the script must count:
+// an id seen before, this Observe's token already in the state, or ids
+// that would leave the state for pages.
+func (e *Engine) countGroup(b *batch, g *group, now, slot int64) bool {
+	st := decodeState(g.raw, now, slot)
+	if st.paged() || st.replayed(b.token) {
+		return false
+	}
+	var ids []byte
+	for _, i := range g.events {
+		if b.modes[i] != modeID {
+			continue
+		}
+		k := []byte(b.keys[i])
+		if st.holds(k) || repeatIn(ids, k) {
+			return false
+		}
+		ids = append(ids, k...)
+	}
+	if int(st.cur.count)+len(ids)/8 > pageSize {
+		return false
+	}
+	st.tokens = [4]int64{b.token, st.tokens[0], st.tokens[1], st.tokens[2]}
+	records := make(map[string]*strings.Builder)
+	var order []string
+	counts := make([]int64, 0, 8)
+	for n, i := range g.events {
+		ev := &b.events[i]
+		te := now
+		if !ev.Time.IsZero() {
+			if ts := eventMilli(ev.Time); ts >= 0 && ts <= now {
+				te = ts
+			}
+		}
+		// Rings first, once each, however many of the event's rules share them.
+		for _, r := range ev.Rules {
+			for _, w := range r.Windows {
+				ring := st.ring(ringTag(r, w.Period), w.Period.Milliseconds(), Resolution(w.Period).Milliseconds(), now)
+				if ring.seen != int64(n+1) {
+					ring.seen = int64(n + 1)
+					ring.add(te)
+					ring.until = now + ring.period + ring.bucket + 1000
+				}
+			}
+		}
+		res := Result{Time: time.UnixMilli(te), Outcomes: make([]Outcome, len(ev.Rules))}
+		for k, r := range ev.Rules {
+			s := st.rule(stateTag(r), now)
+			counts = counts[:0]
+			for _, w := range r.Windows {
+				counts = append(counts, st.ring(ringTag(r, w.Period), 0, 0, now).sum())
+			}
+			s.at = max(s.at, te)
+			s.until = now + stateTTL(r)
+			which, fired := -1, false
+			if s.at >= s.rearm {
+				fired = len(r.Windows) == 0
+				for j, w := range r.Windows {
+					if counts[j] >= w.Threshold {
+						which, fired = j, true
+						break
+					}
+				}
+				if fired {
+					s.rearm = s.at + max(r.Cooldown.Milliseconds(), 1)
+				}
+			}
+			o := Outcome{Rule: r, Window: -1}
+			if fired || e.verbose {
+				o = Outcome{Rule: r, Fired: fired, Window: which, Counts: append([]int64(nil), counts...),
+					At: unixMilli(s.at), Rearm: unixMilli(s.rearm)}
+			}
+			if fired {
+				o.ID = FiringID(ev.ProjectID, r.ID, ev.GroupHash, o.At)
+				key := b.keys[i]
+				rec := records[key]
+				if rec == nil {
+					rec = &strings.Builder{}
+					records[key] = rec
+					order = append(order, key)
+				}
+				writeRecord(rec, idTag(r), s.at, s.rearm, which, counts)
+			}
+			res.Outcomes[k] = o
+		}
+		b.results[i] = res
+	}
+	st.cur.inline = append(st.cur.inline, ids...)
+	st.cur.count += uint32(len(ids) / 8)
+	g.state, g.expiry = st.encode(now, slot, e.dedupTTL)
+	g.records = g.records[:0]
+	for _, k := range order {
+		g.records = append(g.records, k, records[k].String())
+	}
+	return true
+}
+
+// repeatIn reports whether the 8-byte key k is among the keys of ids.
+func repeatIn(ids, k []byte) bool {
+	for i := 0; i+8 <= len(ids); i += 8 {
+		if string(ids[i:i+8]) == string(k) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,323 @@
+package counter
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// This file is the worker's side of a group's state string: the layout
+// observe.lua reads and writes (see its header), decoded, counted into and
+// encoded again in Go, byte for byte as the script would. The engine's
+// fast path counts here and writes back with cas.lua, which stores the
+// result only if the string is still the one that was read; Redis then
+// spends two commands on a group instead of running the counting.
+
+const (
+	stateVersion = 3
+	headerSize   = 83
+	genOffset    = 79 // the generation, bumped at every write
+	pageSize     = 128
+)
+
+type dedupSlot struct {
+	slot   int64
+	level  int8
+	next   uint16
+	count  uint32
+	inline []byte
+}
+
+type ringState struct {
+	tag, until, at int64 // at: L, the newest time seen
+	pairs          []int64
+	// While counting: the ring's period and bucket in ms, the event it
+	// last counted, and whether it was counted into.
+	period, bucket, seen int64
+	touched              bool
+}
+
+type ruleState struct {
+	tag, until, at, rearm int64
+}
+
+// groupState is a group's state string, decoded.
+type groupState struct {
+	cur, prev dedupSlot
+	tokens    [4]int64
+	rings     []ringState
+	rules     []ruleState
+	gen       uint32
+}
+
+// decodeState reads raw as observe.lua's load does at Redis time now; a
+// missing or foreign string is an empty state.
+func decodeState(raw []byte, now, slot int64) *groupState {
+	g := &groupState{cur: dedupSlot{slot: slot, level: -1}, prev: dedupSlot{slot: slot - 1, level: -1}}
+	if len(raw) < headerSize || raw[0] != stateVersion {
+		return g
+	}
+	r := reader{b: raw, p: 1}
+	cur := dedupSlot{slot: r.i64(), level: int8(r.u8()), next: r.u16(), count: r.u32()}
+	cb := r.u32()
+	prev := dedupSlot{slot: r.i64(), level: int8(r.u8()), next: r.u16(), count: r.u32()}
+	pb := r.u32()
+	for i := range g.tokens {
+		g.tokens[i] = r.i64()
+	}
+	nr, ns, np := int(r.u16()), int(r.u16()), int(r.u32())
+	g.gen = r.u32()
+	g.rings = make([]ringState, nr)
+	for i := range g.rings {
+		g.rings[i] = ringState{tag: r.i64(), until: r.i64(), at: r.i64()}
+		g.rings[i].pairs = make([]int64, 0, 2*int(r.u16()))
+	}
+	g.rules = make([]ruleState, ns)
+	for i := range g.rules {
+		g.rules[i] = ruleState{tag: r.i64(), until: r.i64(), at: r.i64(), rearm: r.i64()}
+	}
+	total := 0
+	for i := range g.rings {
+		n := cap(g.rings[i].pairs) / 2
+		for range n {
+			g.rings[i].pairs = append(g.rings[i].pairs, r.i64(), int64(r.u32()))
+		}
+		total += n
+	}
+	if total != np || r.err {
+		return &groupState{cur: dedupSlot{slot: slot, level: -1}, prev: dedupSlot{slot: slot - 1, level: -1}}
+	}
+	cur.inline = r.bytes(int(cb))
+	prev.inline = r.bytes(int(pb))
+	if r.err {
+		return &groupState{cur: dedupSlot{slot: slot, level: -1}, prev: dedupSlot{slot: slot - 1, level: -1}}
+	}
+	switch cur.slot {
+	case slot:
+		g.cur = cur
+		if prev.slot == slot-1 {
+			g.prev = prev
+		}
+	case slot - 1:
+		g.prev = cur
+	}
+	return g
+}
+
+// paged reports whether some slot keeps its ids in pages, which only the
+// script reads.
+func (g *groupState) paged() bool {
+	return g.cur.count > 0 && g.cur.level >= 0 || g.prev.count > 0 && g.prev.level >= 0
+}
+
+// holds reports whether the inline ids of the current or previous slot
+// include key.
+func (g *groupState) holds(key []byte) bool {
+	for _, d := range [...]*dedupSlot{&g.cur, &g.prev} {
+		if d.count == 0 {
+			continue
+		}
+		for i := 0; i+8 <= len(d.inline); i += 8 {
+			if bytes.Equal(d.inline[i:i+8], key) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (g *groupState) replayed(token int64) bool {
+	for _, t := range g.tokens {
+		if t == token {
+			return true
+		}
+	}
+	return false
+}
+
+// ring is the group's ring of window w, as observe.lua's ring: one past its
+// until starts empty.
+func (g *groupState) ring(tag, period, bucket, now int64) *ringState {
+	for i := range g.rings {
+		r := &g.rings[i]
+		if r.tag != tag {
+			continue
+		}
+		if !r.touched {
+			r.touched, r.period, r.bucket = true, period, bucket
+			if r.until <= now {
+				r.at, r.pairs = 0, r.pairs[:0]
+			}
+		}
+		return r
+	}
+	g.rings = append(g.rings, ringState{tag: tag, period: period, bucket: bucket, touched: true})
+	return &g.rings[len(g.rings)-1]
+}
+
+// add counts an event at te, as observe.lua's add.
+func (r *ringState) add(te int64) {
+	r.at = max(r.at, te)
+	lo := floorDiv(r.at-r.period, r.bucket)
+	drop := 0
+	for drop < len(r.pairs) && r.pairs[drop] < lo {
+		drop += 2
+	}
+	r.pairs = r.pairs[drop:]
+	i := floorDiv(te, r.bucket)
+	if i < lo {
+		return
+	}
+	k := len(r.pairs) - 2
+	for k >= 0 && r.pairs[k] > i {
+		k -= 2
+	}
+	if k >= 0 && r.pairs[k] == i {
+		r.pairs[k+1]++
+		return
+	}
+	r.pairs = append(r.pairs, 0, 0)
+	copy(r.pairs[k+4:], r.pairs[k+2:])
+	r.pairs[k+2], r.pairs[k+3] = i, 1
+}
+
+func (r *ringState) sum() int64 {
+	var n int64
+	for k := 1; k < len(r.pairs); k += 2 {
+		n += r.pairs[k]
+	}
+	return n
+}
+
+// rule is the index of a rule's state, as observe.lua's state: one past
+// its until starts at zero, and a new one is kept only once it counts.
+func (g *groupState) rule(tag, now int64) *ruleState {
+	for i := range g.rules {
+		s := &g.rules[i]
+		if s.tag == tag {
+			if s.until <= now {
+				*s = ruleState{tag: tag}
+			}
+			return s
+		}
+	}
+	g.rules = append(g.rules, ruleState{tag: tag})
+	return &g.rules[len(g.rules)-1]
+}
+
+// encode writes the state as observe.lua's save does, leaving out what is
+// past its until, and returns it with its expiry (Redis ms).
+func (g *groupState) encode(now, slot, dedupTTL int64) ([]byte, int64) {
+	idsUntil := (slot + 2) * dedupTTL
+	var expiry int64
+	empty := dedupSlot{level: -1}
+	cur, prev := g.cur, g.prev
+	if cur.count > 0 {
+		expiry = idsUntil
+	} else {
+		cur = empty
+	}
+	if prev.count > 0 && prev.slot == slot-1 {
+		expiry = max(expiry, idsUntil-dedupTTL)
+	} else {
+		prev = empty
+	}
+	var rings []*ringState
+	npairs := 0
+	for i := range g.rings {
+		if r := &g.rings[i]; r.until > now {
+			rings = append(rings, r)
+			npairs += len(r.pairs) / 2
+			expiry = max(expiry, r.until)
+		}
+	}
+	var live []*ruleState
+	for i := range g.rules {
+		if s := &g.rules[i]; s.until > now {
+			live = append(live, s)
+			expiry = max(expiry, s.until)
+		}
+	}
+	if expiry <= now {
+		expiry = now + 1000
+	}
+	w := make([]byte, 0, headerSize+26*len(rings)+32*len(live)+12*npairs+len(cur.inline)+len(prev.inline))
+	le := binary.LittleEndian
+	w = append(w, stateVersion)
+	for _, d := range [...]*dedupSlot{&cur, &prev} {
+		w = le.AppendUint64(w, uint64(d.slot))
+		w = append(w, byte(d.level))
+		w = le.AppendUint16(w, d.next)
+		w = le.AppendUint32(w, d.count)
+		w = le.AppendUint32(w, uint32(len(d.inline)))
+	}
+	for _, t := range g.tokens {
+		w = le.AppendUint64(w, uint64(t))
+	}
+	w = le.AppendUint16(w, uint16(len(rings)))
+	w = le.AppendUint16(w, uint16(len(live)))
+	w = le.AppendUint32(w, uint32(npairs))
+	w = le.AppendUint32(w, g.gen+1)
+	for _, r := range rings {
+		w = le.AppendUint64(w, uint64(r.tag))
+		w = le.AppendUint64(w, uint64(r.until))
+		w = le.AppendUint64(w, uint64(r.at))
+		w = le.AppendUint16(w, uint16(len(r.pairs)/2))
+	}
+	for _, s := range live {
+		w = le.AppendUint64(w, uint64(s.tag))
+		w = le.AppendUint64(w, uint64(s.until))
+		w = le.AppendUint64(w, uint64(s.at))
+		w = le.AppendUint64(w, uint64(s.rearm))
+	}
+	for _, r := range rings {
+		for k := 0; k < len(r.pairs); k += 2 {
+			w = le.AppendUint64(w, uint64(r.pairs[k]))
+			w = le.AppendUint32(w, uint32(r.pairs[k+1]))
+		}
+	}
+	w = append(w, cur.inline...)
+	w = append(w, prev.inline...)
+	return w, expiry
+}
+
+// writeRecord adds a firing to an event's record as observe.lua writes it
+// for replays: "id,L,U,window,nw,count...", firings joined by commas.
+func writeRecord(b *strings.Builder, id, at, rearm int64, window int, counts []int64) {
+	if b.Len() > 0 {
+		b.WriteByte(',')
+	}
+	fmt.Fprintf(b, "%d,%d,%d,%d,%d", id, at, rearm, window, len(counts))
+	for _, c := range counts {
+		b.WriteByte(',')
+		b.WriteString(strconv.FormatInt(c, 10))
+	}
+}
+
+// reader reads little-endian values; past the end it sets err.
+type reader struct {
+	b   []byte
+	p   int
+	err bool
+}
+
+func (r *reader) take(n int) []byte {
+	if r.err || r.p+n > len(r.b) || n < 0 {
+		r.err = true
+		return make([]byte, n)
+	}
+	r.p += n
+	return r.b[r.p-n : r.p]
+}
+
+func (r *reader) u8() uint8   { return r.take(1)[0] }
+func (r *reader) u16() uint16 { return binary.LittleEndian.Uint16(r.take(2)) }
+func (r *reader) u32() uint32 { return binary.LittleEndian.Uint32(r.take(4)) }
+func (r *reader) i64() int64  { return int64(binary.LittleEndian.Uint64(r.take(8))) }
+
+func (r *reader) bytes(n int) []byte {
+	b := r.take(n)
+	return append([]byte(nil), b...)
+}
