@@ -209,12 +209,12 @@ type group struct {
 	events []int // indexes into the batch
 	// Of the fast path: the state as read, the generation it had, and
 	// what counting it in Go made of it.
-	raw      []byte
-	gen      string
-	state    []byte
-	expiry   int64
-	records  []any
-	counted  bool
+	raw     []byte
+	gen     string
+	state   []byte
+	expiry  int64
+	records []any
+	counted bool
 }
 
 // call is one script call: the events of up to groupsPerCall groups.
