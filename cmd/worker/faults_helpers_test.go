@@ -6,6 +6,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -188,6 +189,9 @@ type tcpProxy struct {
 	conns    map[net.Conn]struct{}
 	refusing bool
 	held     bool
+	// holdOn, when set, holds replies from the first request that contains
+	// it on (see holdOnRequest).
+	holdOn []byte
 
 	// gate stops target→client traffic while write-locked (see hold).
 	gate sync.RWMutex
@@ -272,6 +276,17 @@ func (p *tcpProxy) accept() {
 			for {
 				n, err := src.Read(buf)
 				if n > 0 {
+					if !gated {
+						p.mu.Lock()
+						on := p.holdOn != nil && bytes.Contains(buf[:n], p.holdOn)
+						if on {
+							p.holdOn = nil
+						}
+						p.mu.Unlock()
+						if on {
+							p.hold()
+						}
+					}
 					if gated {
 						p.gate.RLock()
 					}
@@ -313,6 +328,15 @@ func (p *tcpProxy) cut() int {
 	n := len(p.conns) / 2
 	clear(p.conns)
 	return n
+}
+
+// holdOnRequest holds replies (see hold) from the moment a client sends a
+// request containing what, before the target sees it: the reply to that
+// request and all after it are held.
+func (p *tcpProxy) holdOnRequest(what string) {
+	p.mu.Lock()
+	p.holdOn = []byte(what)
+	p.mu.Unlock()
 }
 
 // hold stops passing anything from the target to the clients (replies)

@@ -185,41 +185,55 @@ func TestRedisStoppedMidStream(t *testing.T) {
 }
 
 // The connection to Redis breaks after Redis ran the counting script and
-// before its reply arrived: the retry must count nothing twice. A proxy
-// holds Redis' replies, the script runs, then the connections are cut.
+// before its reply arrived: the retry must count nothing twice, whether the
+// messages carry ids (Hawk's repetitionId) or not (the batch's own token
+// tells its earlier attempt's writes). A proxy holds Redis' replies from
+// the script on, the script runs, then the connections are cut.
 func TestRedisReplyLost(t *testing.T) {
 	t.Parallel()
-	rs := startRedis(t)
-	p := newTCPProxy(t, "127.0.0.1:"+rs.port)
-	h := newHarness(t)
-	h.env["KLAXON_REDIS_URL"] = p.proxyURL(t, rs.URL())
-	const total = 600
-	exact := rule(bson.M{"whatToReceive": "SEEN_MORE", "threshold": total, "thresholdPeriod": hour, "channels": h.webhookOnly()})
-	over := rule(bson.M{"whatToReceive": "SEEN_MORE", "threshold": total + 1, "thresholdPeriod": hour, "channels": h.webhookOnly()})
-	project := h.project(exact, over)
-	w := h.start()
-	var msgs []message
-	for i := range total {
-		msgs = append(msgs, event(project, "Lost reply", "lost", false, fmt.Sprintf(`"repetitionId":"r%d"`, i)))
-	}
-	h.publish(msgs[:total/2]...)
-	w.waitMetric(t, 30*time.Second, "the first half counted", func(v float64) bool { return v == total/2 },
-		"klaxon_events_total", "outcome", "counted")
+	for _, ids := range []bool{true, false} {
+		t.Run(fmt.Sprint("ids=", ids), func(t *testing.T) {
+			t.Parallel()
+			rs := startRedis(t)
+			p := newTCPProxy(t, "127.0.0.1:"+rs.port)
+			h := newHarness(t)
+			h.env["KLAXON_REDIS_URL"] = p.proxyURL(t, rs.URL())
+			const total = 600
+			exact := rule(bson.M{"whatToReceive": "SEEN_MORE", "threshold": total, "thresholdPeriod": hour, "channels": h.webhookOnly()})
+			over := rule(bson.M{"whatToReceive": "SEEN_MORE", "threshold": total + 1, "thresholdPeriod": hour, "channels": h.webhookOnly()})
+			project := h.project(exact, over)
+			w := h.start()
+			var msgs []message
+			for i := range total {
+				if ids {
+					msgs = append(msgs, event(project, "Lost reply", "lost", false, fmt.Sprintf(`"repetitionId":"r%d"`, i)))
+				} else {
+					msgs = append(msgs, event(project, "Lost reply", "lost", false))
+				}
+			}
+			h.publish(msgs[:total/2]...)
+			w.waitMetric(t, 30*time.Second, "the first half counted", func(v float64) bool { return v == total/2 },
+				"klaxon_events_total", "outcome", "counted")
 
-	calls := rs.scriptCalls(t)
-	p.hold()
-	h.publish(msgs[total/2:]...)
-	waitFor(t, 30*time.Second, "Redis to run the script with its reply held", func() bool { return rs.scriptCalls(t) > calls })
-	p.cut()
-	p.release()
+			// The worker reads group states, then writes them with a
+			// script: the replies are held from that script on, so that it
+			// runs and its reply is lost.
+			calls := rs.scriptCalls(t)
+			p.holdOnRequest("EVALSHA")
+			h.publish(msgs[total/2:]...)
+			waitFor(t, 30*time.Second, "Redis to run the script with its reply held", func() bool { return rs.scriptCalls(t) > calls })
+			p.cut()
+			p.release()
 
-	b := h.webhookBodies(1)[0]
-	if b["ruleId"] != ruleID(exact) || b["count"] != float64(total) {
-		t.Errorf("notification %v, want rule %s with count %d", b, ruleID(exact), total)
-	}
-	waitQuiet(t, func() int { return len(h.webhook.Requests()) }, 1)
-	if n := readyMessages(t, h.amqpURL, h.queue); n != 0 {
-		t.Errorf("%d messages left in the queue", n)
+			b := h.webhookBodies(1)[0]
+			if b["ruleId"] != ruleID(exact) || b["count"] != float64(total) {
+				t.Errorf("notification %v, want rule %s with count %d", b, ruleID(exact), total)
+			}
+			waitQuiet(t, func() int { return len(h.webhook.Requests()) }, 1)
+			if n := readyMessages(t, h.amqpURL, h.queue); n != 0 {
+				t.Errorf("%d messages left in the queue", n)
+			}
+		})
 	}
 }
 
