@@ -1,22 +1,27 @@
 // Package counter decides, atomically and for any number of workers, whether
-// an event makes a rule fire. Counts live in Redis and are updated by a Lua
-// script (observe.lua): one call for up to 32 (project, group)s of a batch,
-// or on Redis Cluster one per (project, group); model.go states the same
-// semantics in plain Go.
+// an event makes a rule fire. A group's counts live in one Redis string;
+// the worker counts into it and stores it with a compare-and-set (fast.go,
+// state.go, cas.lua), and where that cannot be (a state written meanwhile,
+// a repeat, users, ids in pages) observe.lua counts atomically in Redis.
+// model.go states the semantics in plain Go.
 //
 // Semantics, per (rule, group):
 //   - An event counts at its own time te: its timestamp clamped to Redis' now,
 //     or Redis' now when it has none.
-//   - The rule's clock L is the newest te seen. Each window counts the events
-//     in the window ending at L, in buckets of Resolution(period): a count may
-//     include events up to one bucket older than the window and never misses
-//     one inside it. A late event counts in the bucket where it belongs, as
-//     long as that bucket is still inside the window.
-//   - The rule fires at the first event at which, with L at or past the rearm
-//     time, some window's count reaches its threshold; it then stays quiet
-//     until L + cooldown. A rule without windows (ONLY_NEW) fires at every
-//     event while armed, so its cooldown (24 h) makes it once per group.
+//   - Rules of one title filter count the same events: each (filter, period)
+//     has one ring of buckets of Resolution(period), whose window ends at the
+//     newest te it has seen; a count may include events up to one bucket
+//     older than the window and never misses one inside it. A late event
+//     counts in the bucket where it belongs, if still inside the window.
+//   - The rule's clock L is the newest te it has seen. The rule fires at the
+//     first event at which, with L at or past the rearm time, some window's
+//     count reaches its threshold; it then stays quiet until L + cooldown. A
+//     rule without windows (ONLY_NEW) fires at every event while armed, so
+//     its cooldown (24 h) makes it once per group.
 //   - countBy users counts distinct users whose newest event is in the window.
+//   - An event with an ID counts once; a repeat gets the firings of its first
+//     delivery back. One without counts at every delivery, and a redelivered
+//     one gets back the firings its body caused.
 package counter
 
 import (
@@ -214,7 +219,6 @@ type group struct {
 	state   []byte
 	expiry  int64
 	records []any
-	counted bool
 }
 
 // call is one script call: the events of up to groupsPerCall groups.
