@@ -8,22 +8,34 @@
 -- ARGV   idsUntil(ms), then per group, in KEYS order:
 --          generation (as read: 4 bytes, or '' for none) state expiry(ms)
 --          nrecords, then nrecords pairs of event key and firing record
+--          npages, then npages of: "set" or "append", page key, ids
+--          (pages of ids are written with their state; so their content is
+--          what the worker read as long as the generation is)
 -- Reply  per group: 1 stored, 0 changed meanwhile (nothing written)
 
 local a, out, p = ARGV, {}, 2
 for i = 1, #KEYS do
   local base, nrec = KEYS[i], tonumber(a[p + 3])
   local key = base .. ':s'
+  local q = p + 4 + 2 * nrec
+  local npages = tonumber(a[q])
   if redis.call('GETRANGE', key, 79, 82) == a[p] then
     redis.call('SET', key, a[p + 1], 'PXAT', a[p + 2])
     if nrec > 0 then
-      redis.call('HSET', base .. ':f', unpack(a, p + 4, p + 3 + 2 * nrec))
+      redis.call('HSET', base .. ':f', unpack(a, p + 4, q - 1))
       redis.call('PEXPIREAT', base .. ':f', a[1])
+    end
+    for j = q + 1, q + 3 * npages, 3 do
+      if a[j] == 'set' then
+        redis.call('SET', a[j + 1], a[j + 2], 'PXAT', a[1])
+      else
+        redis.call('APPEND', a[j + 1], a[j + 2])
+      end
     end
     out[i] = 1
   else
     out[i] = 0
   end
-  p = p + 4 + 2 * nrec
+  p = q + 1 + 3 * npages
 end
 return out

@@ -212,13 +212,14 @@ func GroupKey(prefix, projectID, groupHash string) string {
 type group struct {
 	base   string
 	events []int // indexes into the batch
-	// Of the fast path: the state as read, the generation it had, and
-	// what counting it in Go made of it.
-	raw     []byte
+	// Of the fast path: the generation of the state as read, and what
+	// counting it in Go made of it: the state, firing records, and pages of
+	// ids to write ("set" or "append", key, bytes).
 	gen     string
 	state   []byte
 	expiry  int64
 	records []any
+	pages   []any
 }
 
 // call is one script call: the events of up to groupsPerCall groups.

@@ -42,17 +42,30 @@ func (e *Engine) observeFast(ctx context.Context, b *batch, groups []*group) (sl
 	}
 	now := clock.Val().UnixMilli()
 	slot := now / e.dedupTTL
-	var counted []*group
+	states := make([]*groupState, len(fast))
+	var pageKeys []string
 	for i, g := range fast {
 		raw, err := gets[i].Bytes()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			return nil, fmt.Errorf("read state of %s: %w", g.base, err)
 		}
-		g.raw, g.gen = raw, ""
+		g.gen = ""
 		if len(raw) > genOffset {
 			g.gen = string(raw[genOffset:min(genOffset+4, len(raw))])
 		}
-		if e.countGroup(b, g, now, slot) {
+		states[i] = decodeState(raw, now, slot)
+		pageKeys = append(pageKeys, states[i].pagesToRead(g.base, newIDs(b, g))...)
+	}
+	// Busy groups keep their ids in pages: read those the batch needs, in
+	// one more round trip. The state's generation covers them too: every
+	// write of a page comes with one of its state.
+	pages, err := e.readPages(ctx, pageKeys)
+	if err != nil {
+		return nil, err
+	}
+	var counted []*group
+	for i, g := range fast {
+		if e.countGroup(b, g, states[i], pages, now, slot) {
 			counted = append(counted, g)
 		} else {
 			slow = append(slow, g)
@@ -69,6 +82,8 @@ func (e *Engine) observeFast(ctx context.Context, b *batch, groups []*group) (sl
 			c.keys = append(c.keys, g.base)
 			c.args = append(c.args, g.gen, g.state, g.expiry, len(g.records)/2)
 			c.args = append(c.args, g.records...)
+			c.args = append(c.args, len(g.pages)/3)
+			c.args = append(c.args, g.pages...)
 		}
 		calls = append(calls, c)
 	}
@@ -115,24 +130,15 @@ func (e *Engine) fastCandidate(b *batch, g *group) bool {
 // It returns false, having changed nothing, where the script must count:
 // an id seen before, this Observe's token already in the state, or ids
 // that would leave the state for pages.
-func (e *Engine) countGroup(b *batch, g *group, now, slot int64) bool {
-	st := decodeState(g.raw, now, slot)
-	if st.paged() || st.replayed(b.token) {
+func (e *Engine) countGroup(b *batch, g *group, st *groupState, pages map[string][]byte, now, slot int64) bool {
+	if st.replayed(b.token) {
 		return false
 	}
-	var ids []byte
-	for _, i := range g.events {
-		if b.modes[i] != modeID {
-			continue
-		}
-		k := []byte(b.keys[i])
-		if st.holds(k) || repeatIn(ids, k) {
+	ids := newIDs(b, g)
+	for i := 0; i+8 <= len(ids); i += 8 {
+		if k := ids[i : i+8]; st.holds(g.base, k, pages) || repeatIn(ids[:i], k) {
 			return false
 		}
-		ids = append(ids, k...)
-	}
-	if int(st.cur.count)+len(ids)/8 > pageSize {
-		return false
 	}
 	st.tokens = [4]int64{b.token, st.tokens[0], st.tokens[1], st.tokens[2]}
 	records := make(map[string]*strings.Builder)
@@ -199,14 +205,57 @@ func (e *Engine) countGroup(b *batch, g *group, now, slot int64) bool {
 		}
 		b.results[i] = res
 	}
-	st.cur.inline = append(st.cur.inline, ids...)
-	st.cur.count += uint32(len(ids) / 8)
+	set, add := st.remember(g.base, ids, pages)
+	g.pages = g.pages[:0]
+	for k, v := range set {
+		g.pages = append(g.pages, "set", k, v)
+	}
+	for k, v := range add {
+		g.pages = append(g.pages, "append", k, v)
+	}
 	g.state, g.expiry = st.encode(now, slot, e.dedupTTL)
 	g.records = g.records[:0]
 	for _, k := range order {
 		g.records = append(g.records, k, records[k].String())
 	}
 	return true
+}
+
+// newIDs are the keys of a group's events that have an id, back to back.
+func newIDs(b *batch, g *group) []byte {
+	var ids []byte
+	for _, i := range g.events {
+		if b.modes[i] == modeID {
+			ids = append(ids, b.keys[i]...)
+		}
+	}
+	return ids
+}
+
+// readPages reads pages of ids, by key; a missing page holds nothing.
+func (e *Engine) readPages(ctx context.Context, keys []string) (map[string][]byte, error) {
+	pages := make(map[string][]byte, len(keys))
+	if len(keys) == 0 {
+		return pages, nil
+	}
+	cmds := make([]*redis.StringCmd, len(keys))
+	_, err := e.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range keys {
+			cmds[i] = p.Get(ctx, k)
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("read %d pages of ids: %w", len(keys), err)
+	}
+	for i, k := range keys {
+		v, err := cmds[i].Bytes()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("read page %s: %w", k, err)
+		}
+		pages[k] = v
+	}
+	return pages, nil
 }
 
 // repeatIn reports whether the 8-byte key k is among the keys of ids.

@@ -115,19 +115,29 @@ func TestCallSentTwiceCountsOnce(t *testing.T) {
 
 // Ids of a busy group leave its state string for pages that split as they
 // fill: every id is still recognised, no page grows past a few kilobytes,
-// and an id costs at most 16 bytes of Redis, pages and keys included.
+// and an id costs at most 16 bytes of Redis, pages and keys included; the
+// same whether the worker (fast path) or the script wrote them.
 func TestIDsOfABusyGroupStaySmall(t *testing.T) {
+	for _, scriptOnly := range []bool{false, true} {
+		t.Run(fmt.Sprint("scriptOnly=", scriptOnly), func(t *testing.T) {
+			busyGroupIDs(t, scriptOnly)
+		})
+	}
+}
+
+func busyGroupIDs(t *testing.T, scriptOnly bool) {
 	rdb := testRedis(t)
 	ctx := context.Background()
 	prefix := testPrefix(t, rdb)
 	e := New(rdb, Options{Prefix: prefix})
+	e.scriptOnly = scriptOnly
 	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 1_000_000, Period: 60_000}))
-	const ids = 20_000
+	const ids, batch = 20_000, 500
 	ev := func(i int) Event {
 		return Event{ID: fmt.Sprint("busy-", i), ProjectID: project, GroupHash: "busy", Rules: []*rules.Rule{rule}}
 	}
-	for lo := 0; lo < ids; lo += 500 {
-		evs := make([]Event, 500)
+	for lo := 0; lo < ids; lo += batch {
+		evs := make([]Event, batch)
 		for i := range evs {
 			evs[i] = ev(lo + i)
 		}
@@ -136,6 +146,9 @@ func TestIDsOfABusyGroupStaySmall(t *testing.T) {
 				t.Fatalf("first delivery of %s taken for a duplicate", evs[i].ID)
 			}
 		}
+	}
+	if n := e.fastGroups.Load(); !scriptOnly && n != ids/batch {
+		t.Errorf("%d of %d batches counted in the worker, want all: pages are the worker's too", n, ids/batch)
 	}
 	var pageBytes int64
 	pages := 0

@@ -106,26 +106,120 @@ func decodeState(raw []byte, now, slot int64) *groupState {
 	return g
 }
 
-// paged reports whether some slot keeps its ids in pages, which only the
-// script reads.
-func (g *groupState) paged() bool {
-	return g.cur.count > 0 && g.cur.level >= 0 || g.prev.count > 0 && g.prev.level >= 0
+// paged reports whether slot d keeps its ids in pages.
+func (d *dedupSlot) paged() bool { return d.count > 0 && d.level >= 0 }
+
+// page is the page of a paged slot that holds key k: linear hashing on the
+// key's first 4 bytes, as observe.lua's page.
+func (d *dedupSlot) page(k []byte) int {
+	sel := int64(binary.LittleEndian.Uint32(k))
+	n := int64(1) << d.level
+	i := sel % n
+	if i < int64(d.next) {
+		i = sel % (2 * n)
+	}
+	return int(i)
 }
 
-// holds reports whether the inline ids of the current or previous slot
-// include key.
-func (g *groupState) holds(key []byte) bool {
+// pageKey is the key of page n of a slot, under the group's base.
+func pageKey(base string, slot int64, n int) string {
+	return base + ":d:" + strconv.FormatInt(slot, 10) + ":" + strconv.Itoa(n)
+}
+
+// pagesToRead lists the pages a batch's new ids need read: where each id
+// would be in the current and previous slots, and the pages of the current
+// slot that adding them all splits (the splits need their content).
+func (g *groupState) pagesToRead(base string, ids []byte) []string {
+	seen := make(map[string]bool)
+	var keys []string
+	add := func(k string) {
+		if !seen[k] {
+			seen[k] = true
+			keys = append(keys, k)
+		}
+	}
+	for _, d := range [...]*dedupSlot{&g.cur, &g.prev} {
+		if !d.paged() {
+			continue
+		}
+		for i := 0; i+8 <= len(ids); i += 8 {
+			add(pageKey(base, d.slot, d.page(ids[i:i+8])))
+		}
+	}
+	if d := g.cur; d.paged() {
+		count := int64(d.count) + int64(len(ids)/8)
+		level, next := d.level, int64(d.next)
+		for count > pageSize*((int64(1)<<level)+next) {
+			add(pageKey(base, d.slot, int(next)))
+			if next++; next == int64(1)<<level {
+				level, next = level+1, 0
+			}
+		}
+	}
+	return keys
+}
+
+// holds reports whether the current or previous slot holds key, inline or
+// in the pages read (by key; a page not read holds nothing).
+func (g *groupState) holds(base string, key []byte, pages map[string][]byte) bool {
 	for _, d := range [...]*dedupSlot{&g.cur, &g.prev} {
 		if d.count == 0 {
 			continue
 		}
-		for i := 0; i+8 <= len(d.inline); i += 8 {
-			if bytes.Equal(d.inline[i:i+8], key) {
+		ids := d.inline
+		if d.level >= 0 {
+			ids = pages[pageKey(base, d.slot, d.page(key))]
+		}
+		for i := 0; i+8 <= len(ids); i += 8 {
+			if bytes.Equal(ids[i:i+8], key) {
 				return true
 			}
 		}
 	}
 	return false
+}
+
+// remember adds new ids to the current slot as observe.lua's remember does,
+// pages and splits included, working on the pages read. It returns what to
+// write: pages to set whole, and bytes to append to the others.
+func (g *groupState) remember(base string, ids []byte, pages map[string][]byte) (set, add map[string][]byte) {
+	d := &g.cur
+	set, add = make(map[string][]byte), make(map[string][]byte)
+	if d.level < 0 {
+		d.inline = append(d.inline, ids...)
+	} else {
+		for i := 0; i+8 <= len(ids); i += 8 {
+			k := pageKey(base, d.slot, d.page(ids[i:i+8]))
+			add[k] = append(add[k], ids[i:i+8]...)
+		}
+	}
+	d.count += uint32(len(ids) / 8)
+	if d.level < 0 && d.count > pageSize {
+		set[pageKey(base, d.slot, 0)] = d.inline
+		d.inline, d.level, d.next = nil, 0, 0
+	}
+	for d.level >= 0 && int64(d.count) > pageSize*((int64(1)<<d.level)+int64(d.next)) {
+		n := int64(1) << d.level
+		from, to := pageKey(base, d.slot, int(d.next)), pageKey(base, d.slot, int(int64(d.next)+n))
+		src, whole := set[from]
+		if !whole {
+			src = append(append([]byte(nil), pages[from]...), add[from]...)
+		}
+		var keep, move []byte
+		for i := 0; i+8 <= len(src); i += 8 {
+			if int64(binary.LittleEndian.Uint32(src[i:]))%(2*n) == int64(d.next) {
+				keep = append(keep, src[i:i+8]...)
+			} else {
+				move = append(move, src[i:i+8]...)
+			}
+		}
+		set[from], set[to] = keep, move
+		delete(add, from)
+		if d.next++; int64(d.next) == n {
+			d.level, d.next = d.level+1, 0
+		}
+	}
+	return set, add
 }
 
 func (g *groupState) replayed(token int64) bool {
