@@ -303,7 +303,8 @@ type batch struct {
 // group sorts the events with rules by (project, group), keeping their
 // order.
 func (e *Engine) group(b *batch) []*group {
-	byBase := make(map[string]*group)
+	type name struct{ project, group string }
+	byName := make(map[name]*group)
 	var groups []*group
 	for i := range b.events {
 		ev := &b.events[i]
@@ -311,11 +312,10 @@ func (e *Engine) group(b *batch) []*group {
 			continue
 		}
 		b.keys[i], b.modes[i] = eventKey(ev)
-		base := GroupKey(e.prefix, ev.ProjectID, ev.GroupHash)
-		g := byBase[base]
+		g := byName[name{ev.ProjectID, ev.GroupHash}]
 		if g == nil {
-			g = &group{base: base}
-			byBase[base] = g
+			g = &group{base: GroupKey(e.prefix, ev.ProjectID, ev.GroupHash)}
+			byName[name{ev.ProjectID, ev.GroupHash}] = g
 			groups = append(groups, g)
 		}
 		g.events = append(g.events, i)
