@@ -2,7 +2,7 @@
 // an event makes a rule fire. A group's counts live in one Redis string;
 // the worker counts into it and stores it with a compare-and-set (fast.go,
 // state.go, cas.lua), and where that cannot be (a state written meanwhile,
-// a repeat, users, ids in pages) observe.lua counts atomically in Redis.
+// a repeat or redelivery, users) observe.lua counts atomically in Redis.
 // model.go states the semantics in plain Go.
 //
 // Semantics, per (rule, group):
@@ -237,7 +237,7 @@ type call struct {
 //
 // Most groups cost Redis two commands: their states are read, counted
 // into by the worker (state.go) and written back by cas.lua if no other
-// worker wrote them meanwhile. The others, and those that repeat an event,
+// worker wrote them meanwhile. The others (a repeat, a redelivery, users),
 // are counted by observe.lua, atomically, in up to 32 (project, group)s a
 // call, or on Cluster one. Observing the same batch again after an error is
 // safe for events with an ID; one without may count twice then (never zero

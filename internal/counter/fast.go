@@ -11,11 +11,12 @@ import (
 )
 
 // observeFast counts, in the worker, the groups it can: it reads their
-// states (and Redis' clock) in one round trip, counts each group's events
-// into its state as observe.lua would, and stores the states with cas.lua
-// in a second. It returns the groups left for observe.lua: those with an
-// event that repeats or was redelivered, a rule that counts users, ids in
-// pages, and those another worker wrote in between.
+// states (and Redis' clock) in one round trip, and the pages of ids busy
+// groups need in another, counts each group's events into its state as
+// observe.lua would, and stores the states with cas.lua. It returns the
+// groups left for observe.lua: those with an event that repeats or was
+// redelivered, a rule that counts users, and those another worker wrote in
+// between.
 func (e *Engine) observeFast(ctx context.Context, b *batch, groups []*group) (slow []*group, err error) {
 	var fast []*group
 	for _, g := range groups {
