@@ -140,13 +140,14 @@ func TestParseInfoAndDiff(t *testing.T) {
 		t.Fatalf("parsed %+v", before)
 	}
 	after := parseInfo("total_writes_processed:131\r\ncmdstat_get:calls=30,usec=60\r\ncmdstat_evalsha:calls=10,usec=1000\r\n" +
-		"cmdstat_info:calls=6,usec=600\r\ncmdstat_ping:calls=1,usec=1\r\n")
+		"cmdstat_info:calls=6,usec=600\r\ncmdstat_ping:calls=1,usec=1\r\ncmdstat_set:calls=1,usec=40\r\n")
 	d := diffInfo(before, after)
-	if d.RoundTrips != 30 || d.Commands != 31 || d.Scripts != 10 || d.Calls["info"] != 0 || d.Calls["get"] != 20 {
+	if d.RoundTrips != 30 || d.Commands != 32 || d.Scripts != 10 || d.Calls["info"] != 0 || d.Calls["get"] != 20 {
 		t.Errorf("delta %+v", d)
 	}
-	if d.ScriptMicros != 1000 || d.ScriptCommandMicros != 40 {
-		t.Errorf("script µs %d, of which commands %d; want 1000 and 40", d.ScriptMicros, d.ScriptCommandMicros)
+	// GET is sent outside scripts: it is not counted as the scripts' commands.
+	if d.ScriptMicros != 1000 || d.ScriptCommandMicros != 40 || d.DirectMicros != 40 {
+		t.Errorf("script µs %d, of which commands %d, direct %d; want 1000, 40 and 40", d.ScriptMicros, d.ScriptCommandMicros, d.DirectMicros)
 	}
 	if got := d.topCalls(2); got != "get=20 evalsha=10" {
 		t.Errorf("topCalls = %q", got)
