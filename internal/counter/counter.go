@@ -298,6 +298,31 @@ type batch struct {
 	modes   []string
 	results []Result
 	token   int64
+	infos   map[*rules.Rule]*ruleInfo
+}
+
+// ruleInfo is what counting needs of a rule, worked out once a batch.
+type ruleInfo struct {
+	state, id, ttl int64 // stateTag, idTag, stateTTL
+	rings          []ringSpec
+}
+
+// ringSpec is one window's ring: its tag, period and bucket (ms).
+type ringSpec struct{ tag, period, bucket int64 }
+
+func (b *batch) info(r *rules.Rule) *ruleInfo {
+	if in, ok := b.infos[r]; ok {
+		return in
+	}
+	in := &ruleInfo{state: stateTag(r), id: idTag(r), ttl: stateTTL(r)}
+	for _, w := range r.Windows {
+		in.rings = append(in.rings, ringSpec{ringTag(r, w.Period), w.Period.Milliseconds(), Resolution(w.Period).Milliseconds()})
+	}
+	if b.infos == nil {
+		b.infos = make(map[*rules.Rule]*ruleInfo)
+	}
+	b.infos[r] = in
+	return in
 }
 
 // group sorts the events with rules by (project, group), keeping their
@@ -411,10 +436,10 @@ func (e *Engine) args(c *call, b *batch) []any {
 		if r.Users {
 			users = 1
 		}
-		args = append(args, stateTag(r), idTag(r), stateTTL(r), r.Cooldown.Milliseconds(), users, len(r.Windows))
-		for _, w := range r.Windows {
-			args = append(args, ringTag(r, w.Period), w.Threshold, w.Period.Milliseconds(),
-				Resolution(w.Period).Milliseconds())
+		info := b.info(r)
+		args = append(args, info.state, info.id, info.ttl, r.Cooldown.Milliseconds(), users, len(r.Windows))
+		for i, w := range r.Windows {
+			args = append(args, info.rings[i].tag, w.Threshold, info.rings[i].period, info.rings[i].bucket)
 		}
 	}
 	for _, g := range c.groups {

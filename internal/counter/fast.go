@@ -142,7 +142,7 @@ func (e *Engine) countGroup(b *batch, g *group, st *groupState, pages map[string
 		}
 	}
 	st.tokens = [4]int64{b.token, st.tokens[0], st.tokens[1], st.tokens[2]}
-	records := make(map[string]*strings.Builder)
+	var records map[string]*strings.Builder
 	var order []string
 	counts := make([]int64, 0, 8)
 	for n, i := range g.events {
@@ -155,8 +155,8 @@ func (e *Engine) countGroup(b *batch, g *group, st *groupState, pages map[string
 		}
 		// Rings first, once each, however many of the event's rules share them.
 		for _, r := range ev.Rules {
-			for _, w := range r.Windows {
-				ring := st.ring(ringTag(r, w.Period), w.Period.Milliseconds(), Resolution(w.Period).Milliseconds(), now)
+			for _, w := range b.info(r).rings {
+				ring := st.ring(w.tag, w.period, w.bucket, now)
 				if ring.seen != int64(n+1) {
 					ring.seen = int64(n + 1)
 					ring.add(te)
@@ -166,13 +166,14 @@ func (e *Engine) countGroup(b *batch, g *group, st *groupState, pages map[string
 		}
 		res := Result{Time: time.UnixMilli(te), Outcomes: make([]Outcome, len(ev.Rules))}
 		for k, r := range ev.Rules {
-			s := st.rule(stateTag(r), now)
+			info := b.info(r)
+			s := st.rule(info.state, now)
 			counts = counts[:0]
-			for _, w := range r.Windows {
-				counts = append(counts, st.ring(ringTag(r, w.Period), 0, 0, now).sum())
+			for _, w := range info.rings {
+				counts = append(counts, st.ring(w.tag, 0, 0, now).sum())
 			}
 			s.at = max(s.at, te)
-			s.until = now + stateTTL(r)
+			s.until = now + info.ttl
 			which, fired := -1, false
 			if s.at >= s.rearm {
 				fired = len(r.Windows) == 0
@@ -194,13 +195,16 @@ func (e *Engine) countGroup(b *batch, g *group, st *groupState, pages map[string
 			if fired {
 				o.ID = FiringID(ev.ProjectID, r.ID, ev.GroupHash, o.At)
 				key := b.keys[i]
+				if records == nil {
+					records = make(map[string]*strings.Builder)
+				}
 				rec := records[key]
 				if rec == nil {
 					rec = &strings.Builder{}
 					records[key] = rec
 					order = append(order, key)
 				}
-				writeRecord(rec, idTag(r), s.at, s.rearm, which, counts)
+				writeRecord(rec, info.id, s.at, s.rearm, which, counts)
 			}
 			res.Outcomes[k] = o
 		}
