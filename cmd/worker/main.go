@@ -37,12 +37,8 @@ import (
 	"github.com/klaxonhq/klaxon/internal/deliverer"
 	"github.com/klaxonhq/klaxon/internal/evaluator"
 	"github.com/klaxonhq/klaxon/internal/metrics"
-	"github.com/klaxonhq/klaxon/internal/netguard"
 	"github.com/klaxonhq/klaxon/internal/notify"
-	"github.com/klaxonhq/klaxon/internal/notify/email"
-	"github.com/klaxonhq/klaxon/internal/notify/slack"
-	"github.com/klaxonhq/klaxon/internal/notify/telegram"
-	"github.com/klaxonhq/klaxon/internal/notify/webhook"
+	"github.com/klaxonhq/klaxon/internal/notify/channels"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/store"
@@ -135,14 +131,14 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 
 	// The delivery queues exist whatever the role: evaluators publish to them.
-	channels, err := buildChannels(cfg)
+	chans, err := channels.Build(cfg, deliverPrefetch)
 	if err != nil {
 		return err
 	}
 	deadBounds := queue.Bounds{MaxMessages: cfg.DeadMaxMessages, MaxBytes: cfg.DeadMaxBytes}
 	dlv := deliverer.New(deliverer.Config{Prefix: cfg.Prefix, Queue: deliveryQueue(cfg), SendTimeout: cfg.SendTimeout,
 		FailedBounds: deadBounds, DigestMaxFirings: cfg.DigestMaxFirings, DigestMaxBytes: cfg.DigestMaxBytes},
-		channels, rdb, pub, log.With("stage", "deliverer"), m)
+		chans, rdb, pub, log.With("stage", "deliverer"), m)
 	if cfg.Role.Delivers() {
 		c, err := queue.NewConsumer(queue.ConsumerConfig{
 			URL: cfg.AMQPURL, Queue: dlv.Queue(), ConnectionName: "klaxon-deliverer",
@@ -203,7 +199,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		if err := dlv.Declare(ctx, pub); err != nil {
 			return err
 		}
-		log.Info("klaxon running", "role", cfg.Role, "queue", cfg.Queue, "http", ln.Addr().String(), "channels", channelNames(channels))
+		log.Info("klaxon running", "role", cfg.Role, "queue", cfg.Queue, "http", ln.Addr().String(), "channels", channelNames(chans))
 		return runAll(ctx, work)
 	}
 	return runAll(ctx, []func(context.Context) error{
@@ -277,49 +273,6 @@ func ruleCache(cfg config.Config, log *slog.Logger, m *metrics.Metrics) (*store.
 		},
 	})
 	return cache, closeSrc, nil
-}
-
-// buildChannels makes the channels cfg configures. Webhook and Slack need
-// no settings; email and Telegram are there only when configured, and a
-// rule using them elsewhere fails its deliveries with a clear reason.
-//
-// Endpoints from rules (webhook and Slack URLs, Telegram hook URLs) are
-// written by untrusted users: they go through a netguard client, which
-// reaches the public internet and KLAXON_ALLOW_PRIVATE_NETWORKS only. What
-// the operator configured (the Bot API, SMTP) is trusted and is not.
-func buildChannels(cfg config.Config) (map[string]notify.Channel, error) {
-	// The deliverer sends up to its prefetch (64 jobs) at once, often to one
-	// host: keep that many connections open instead of net/http's 2 per host.
-	transport := http.DefaultTransport.(*http.Transport).Clone()
-	transport.MaxIdleConnsPerHost = deliverPrefetch
-	trusted := &http.Client{Timeout: cfg.SendTimeout, Transport: transport}
-	fromRules := cfg.EndpointPolicy().Client(netguard.ClientOptions{
-		Timeout: cfg.SendTimeout, MaxIdleConnsPerHost: deliverPrefetch})
-	channels := map[string]notify.Channel{
-		rules.Webhook: webhook.New(fromRules),
-		rules.Slack:   &slack.Notifier{Client: fromRules, Hosts: cfg.SlackPatterns()},
-	}
-	if cfg.EmailEnabled() {
-		e, err := email.New(email.Config{
-			Addr: cfg.SMTPAddr, Username: cfg.SMTPUsername, Password: cfg.SMTPPassword,
-			From: cfg.SMTPFrom, TLS: email.TLSMode(cfg.SMTPTLS), Timeout: cfg.SendTimeout,
-			MaxRecipients: cfg.Limits.EmailRecipients,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("email channel: %w", err)
-		}
-		channels[rules.Email] = e
-	}
-	// Telegram is there without a token too: Hawk's rules send through hook
-	// URLs of CodeX's notify bot, which need none; a chat id then fails with
-	// that reason.
-	t, err := telegram.New(telegram.Config{Token: cfg.TelegramToken, APIURL: cfg.TelegramAPI, Client: trusted,
-		HookClient: fromRules, HookHosts: cfg.TelegramHookPatterns(), AllowedChats: cfg.TelegramChats()})
-	if err != nil {
-		return nil, fmt.Errorf("telegram channel: %w", err)
-	}
-	channels[rules.Telegram] = t
-	return channels, nil
 }
 
 func channelNames(channels map[string]notify.Channel) []string {

@@ -298,9 +298,16 @@ const maxID = 128
 // repetitionId, else nothing. A body is no identity: two occurrences of an
 // error can be byte for byte the same message.
 func identity(d *queue.Delivery, m *event.Message) string {
+	return Identity(d.MessageID, m)
+}
+
+// Identity is the identity of a message with this AMQP message-id ("" for
+// none) and body, as the evaluator counts it; "" when it has none. Tools
+// that replay messages (klaxon backtest) name them the same way.
+func Identity(messageID string, m *event.Message) string {
 	switch {
-	case d.MessageID != "":
-		return short("id:" + d.MessageID)
+	case messageID != "":
+		return short("id:" + messageID)
 	case m.Event.RepetitionID != nil && *m.Event.RepetitionID != "":
 		return short("rep:" + *m.Event.RepetitionID)
 	}

@@ -202,6 +202,9 @@ func (c *Cache) logNewProblems(problems []Problem) {
 		if p.RuleID != "" {
 			attrs = append(attrs, "rule", p.RuleID)
 		}
+		if p.Line > 0 {
+			attrs = append(attrs, "line", p.Line)
+		}
 		attrs = append(attrs, "reason", p.Reason)
 		c.opts.Logger.Warn(msg, attrs...)
 	}

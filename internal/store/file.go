@@ -94,37 +94,40 @@ func parseRulesFile(data []byte) (Specs, error) {
 	if root.Kind != yaml.MappingNode {
 		return Specs{}, fmt.Errorf("line %d: want a mapping from project id to a list of rules", root.Line)
 	}
-	specs := Specs{Projects: map[string][]rules.Spec{}}
+	specs := Specs{Projects: map[string][]rules.Spec{}, Lines: map[string][]int{}}
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		key, value := root.Content[i], root.Content[i+1]
 		projectID := strings.ToLower(key.Value)
 		if key.Kind != yaml.ScalarNode || !ValidProjectID(projectID) {
-			specs.Problems = append(specs.Problems, Problem{ProjectID: key.Value, Skipped: true,
-				Reason: fmt.Sprintf("line %d: project id must be 24 hex digits", key.Line)})
+			specs.Problems = append(specs.Problems, Problem{ProjectID: key.Value, Skipped: true, Line: key.Line,
+				Reason: "project id must be 24 hex digits"})
 			continue
 		}
 		if _, dup := specs.Projects[projectID]; dup {
-			specs.Problems = append(specs.Problems, Problem{ProjectID: projectID, Skipped: true,
-				Reason: fmt.Sprintf("line %d: the project is listed again; only its first list is used", key.Line)})
+			specs.Problems = append(specs.Problems, Problem{ProjectID: projectID, Skipped: true, Line: key.Line,
+				Reason: "the project is listed again; only its first list is used"})
 			continue
 		}
-		list, problems := decodeRuleList(projectID, value)
+		list, lines, problems := decodeRuleList(projectID, value)
 		specs.Problems = append(specs.Problems, problems...)
 		specs.Projects[projectID] = list // may be empty: the project is known, with no rules
+		specs.Lines[projectID] = lines
 	}
 	return specs, nil
 }
 
-// decodeRuleList decodes one project's list of rules.
-func decodeRuleList(projectID string, list *yaml.Node) ([]rules.Spec, []Problem) {
+// decodeRuleList decodes one project's list of rules, and returns the line
+// of each rule decoded.
+func decodeRuleList(projectID string, list *yaml.Node) ([]rules.Spec, []int, []Problem) {
 	switch {
 	case list.Kind == yaml.ScalarNode && list.Tag == "!!null":
-		return nil, nil
+		return nil, nil, nil
 	case list.Kind != yaml.SequenceNode:
-		return nil, []Problem{{ProjectID: projectID, Skipped: true,
-			Reason: fmt.Sprintf("line %d: want a list of rules", list.Line)}}
+		return nil, nil, []Problem{{ProjectID: projectID, Skipped: true, Line: list.Line,
+			Reason: "want a list of rules"}}
 	}
 	var specs []rules.Spec
+	var lines []int
 	var problems []Problem
 	for i, node := range list.Content {
 		ruleID := fmt.Sprintf("#%d", i)
@@ -132,10 +135,10 @@ func decodeRuleList(projectID string, list *yaml.Node) ([]rules.Spec, []Problem)
 			ruleID = strings.TrimSpace(id.Value)
 		}
 		problem := func(reason string) Problem {
-			return Problem{ProjectID: projectID, RuleID: ruleID, Reason: reason, Skipped: true}
+			return Problem{ProjectID: projectID, RuleID: ruleID, Reason: reason, Skipped: true, Line: node.Line}
 		}
 		if node.Kind != yaml.MappingNode {
-			problems = append(problems, problem(fmt.Sprintf("line %d: a rule must be a mapping", node.Line)))
+			problems = append(problems, problem("a rule must be a mapping"))
 			continue
 		}
 		var spec rules.Spec
@@ -145,23 +148,23 @@ func decodeRuleList(projectID string, list *yaml.Node) ([]rules.Spec, []Problem)
 		}
 		spec.ID = strings.TrimSpace(spec.ID)
 		if spec.ID == "" {
-			problems = append(problems, problem(fmt.Sprintf("line %d: rule has no id", node.Line)))
+			problems = append(problems, problem("rule has no id"))
 			continue
 		}
 		var issues fieldIssues
 		issues.walk(node, reflect.TypeFor[rules.Spec](), "")
 		if len(issues.fractional) > 0 {
-			problems = append(problems, problem(fmt.Sprintf("line %d: %s: want whole numbers",
-				node.Line, strings.Join(issues.fractional, ", "))))
+			problems = append(problems, problem(strings.Join(issues.fractional, ", ")+": want whole numbers"))
 			continue
 		}
 		for _, field := range issues.unknown {
-			problems = append(problems, Problem{ProjectID: projectID, RuleID: ruleID,
-				Reason: fmt.Sprintf("unknown field %q ignored", field)})
+			problems = append(problems, Problem{ProjectID: projectID, RuleID: ruleID, Line: field.line,
+				Reason: fmt.Sprintf("unknown field %q ignored", field.path)})
 		}
 		specs = append(specs, spec)
+		lines = append(lines, node.Line)
 	}
-	return specs, problems
+	return specs, lines, problems
 }
 
 // mappingValue returns the value of key in a mapping node, or nil.
@@ -183,11 +186,17 @@ type fieldIssues struct {
 	// unknown are keys of mappings that the struct type does not declare
 	// (by yaml tag). Map keys (channel names) are not fields:
 	// rules.Compile checks them.
-	unknown []string
+	unknown []unknownField
 	// fractional are integer fields given a number with a fraction, and
 	// that number: yaml.v3 cuts it (threshold 2.5 becomes 2, minPeriod 0.5
 	// becomes 0), where a rule from MongoDB with the same number is skipped.
 	fractional []string
+}
+
+// unknownField is a key a rule's struct does not declare, and its line.
+type unknownField struct {
+	path string
+	line int
 }
 
 // walk collects the issues of node, decoded into a value of type t.
@@ -232,7 +241,7 @@ func (fi *fieldIssues) walk(node *yaml.Node, t reflect.Type, prefix string) {
 			}
 			ft, ok := fields[name]
 			if !ok {
-				fi.unknown = append(fi.unknown, prefix+name)
+				fi.unknown = append(fi.unknown, unknownField{prefix + name, node.Content[i].Line})
 				continue
 			}
 			fi.walk(node.Content[i+1], ft, prefix+name+".")

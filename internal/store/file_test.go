@@ -495,3 +495,50 @@ func wantSkipped(t *testing.T, logs *logBuffer, rule, field string) {
 	}
 	t.Errorf("no rule skipped for %s naming %q\n%s", rule, field, logs)
 }
+
+// TestProblemsCarryTheirLine: `klaxon rules check` points a rule author at
+// the line to fix, for what the file's parser finds and for what
+// validation finds alike.
+func TestProblemsCarryTheirLine(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.yml")
+	writeFile(t, path, `5e3eef0679fa3700a0198a49:
+  - id: good
+    isEnabled: true
+    whatToReceive: ONLY_NEW
+    channels: {webhook: {isEnabled: true, endpoint: "http://x/", minPeriod: 0}}
+  - id: bad-threshold
+    isEnabled: true
+    whatToReceive: SEEN_MORE
+    threshold: 0
+    thresholdPeriod: 60000
+  - id: typo
+    isEnabled: true
+    whatToReceive: ONLY_NEW
+    inclding: [x]
+not-a-project: []
+`)
+	specs, err := store.NewFileSource(path).Load(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := store.Compile(specs, time.Now())
+	lines := map[string]int{}
+	for _, p := range snap.Problems() {
+		key := p.RuleID
+		if strings.Contains(p.Reason, "unknown field") {
+			key += "/unknown"
+		} else if strings.Contains(p.Reason, "no enabled channel") {
+			key += "/channels"
+		}
+		if key == "" {
+			key = p.ProjectID
+		}
+		lines[key] = p.Line
+	}
+	want := map[string]int{"bad-threshold": 6, "typo/unknown": 14, "typo/channels": 11, "not-a-project": 15}
+	for k, line := range want {
+		if lines[k] != line {
+			t.Errorf("%s: line %d, want %d (all: %v)", k, lines[k], line, lines)
+		}
+	}
+}

@@ -44,6 +44,10 @@ type Specs struct {
 	// that finds its content unchanged returns its last Specs as they were,
 	// and the cache serves its snapshot as it is. Empty means unknown.
 	Digest string
+	// Lines, from a file, maps a project id to the line of each of its
+	// rules, in stored order, so that a Problem can say where the rule is
+	// written; nil when the source has no lines (MongoDB).
+	Lines map[string][]int
 }
 
 // Problem is something wrong with one rule, or one project's rules.
@@ -54,6 +58,9 @@ type Problem struct {
 	RuleID string
 	// Reason says what is wrong. It never holds a channel endpoint.
 	Reason string
+	// Line is where the rule (or project) is written in a rules file, from
+	// 1; 0 when unknown or not from a file.
+	Line int
 	// Skipped is true when the rule (or the project's rules) was left out,
 	// false for a rule that works but probably not as its author meant.
 	Skipped bool
@@ -63,6 +70,9 @@ func (p Problem) String() string {
 	what := "project " + p.ProjectID
 	if p.RuleID != "" {
 		what += " rule " + p.RuleID
+	}
+	if p.Line > 0 {
+		what += fmt.Sprintf(" (line %d)", p.Line)
 	}
 	if p.Skipped {
 		return what + " skipped: " + p.Reason
@@ -105,16 +115,21 @@ func CompileWithin(specs Specs, loadedAt time.Time, limits rules.Limits) *Snapsh
 	for _, projectID := range sortedKeys(specs.Projects) {
 		var compiled []*rules.Rule
 		seen := map[string]bool{}
-		over, firstOver := 0, ""
+		over, firstOver, overLine := 0, "", 0
+		lines := specs.Lines[projectID]
 		for i, spec := range specs.Projects[projectID] {
 			ruleID := spec.ID
 			if ruleID == "" {
 				ruleID = fmt.Sprintf("#%d", i)
 			}
+			line := 0
+			if i < len(lines) {
+				line = lines[i]
+			}
 			if len(compiled) == maxRules {
 				if spec.IsEnabled {
 					if over == 0 {
-						firstOver = ruleID
+						firstOver, overLine = ruleID, line
 					}
 					over++
 				}
@@ -122,7 +137,7 @@ func CompileWithin(specs Specs, loadedAt time.Time, limits rules.Limits) *Snapsh
 			}
 			r, warnings, err := limits.Compile(projectID, spec)
 			if err != nil {
-				s.problems = append(s.problems, Problem{ProjectID: projectID, RuleID: ruleID, Reason: err.Error(), Skipped: true})
+				s.problems = append(s.problems, Problem{ProjectID: projectID, RuleID: ruleID, Reason: err.Error(), Skipped: true, Line: line})
 				continue
 			}
 			if r == nil {
@@ -130,17 +145,17 @@ func CompileWithin(specs Specs, loadedAt time.Time, limits rules.Limits) *Snapsh
 			}
 			if seen[r.ID] {
 				s.problems = append(s.problems, Problem{ProjectID: projectID, RuleID: ruleID,
-					Reason: "another rule of the project has this id", Skipped: true})
+					Reason: "another rule of the project has this id", Skipped: true, Line: line})
 				continue
 			}
 			seen[r.ID] = true
 			for _, w := range warnings {
-				s.problems = append(s.problems, Problem{ProjectID: projectID, RuleID: ruleID, Reason: w})
+				s.problems = append(s.problems, Problem{ProjectID: projectID, RuleID: ruleID, Reason: w, Line: line})
 			}
 			compiled = append(compiled, r)
 		}
 		if over > 0 {
-			s.problems = append(s.problems, Problem{ProjectID: projectID, RuleID: firstOver, Skipped: true,
+			s.problems = append(s.problems, Problem{ProjectID: projectID, RuleID: firstOver, Skipped: true, Line: overLine,
 				Reason: fmt.Sprintf("over the limit of %d rules per project: %d enabled rules skipped, from this one on", maxRules, over)})
 		}
 		if len(compiled) > 0 {

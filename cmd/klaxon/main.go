@@ -1,0 +1,158 @@
+// Command klaxon is the operators' tool of Klaxon: it checks rules, replays
+// events through them, and sends test messages, reading the same settings
+// (environment variables, docs/configuration.md) and the same rules
+// (KLAXON_RULES_FILE or MongoDB) as the worker.
+//
+//	klaxon rules check [FILE]                    validate rules, as the worker loads them
+//	klaxon backtest --events FILE [--rules FILE] what the rules would have fired
+//	klaxon test-send --project P --rule R        a marked test message through each channel
+//
+// It is a binary of its own rather than subcommands of the worker's: the
+// worker is a long-running service configured only by its environment, and
+// every flag or argument it took would be one more way to start it wrong in
+// a deployment; the tool, run by people and CI, lives beside it and shares
+// its packages, not its entry point.
+//
+// Exit codes, for CI: 0 all is well; 1 the command ran and found a problem
+// (rules with errors, or warnings under --strict; a failed test send);
+// 2 it could not run (usage, invalid settings, a store or file that cannot
+// be read).
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/klaxonhq/klaxon/internal/config"
+)
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitProblem = 1 // the command ran and found something wrong
+	exitUsage   = 2 // the command could not run
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	a := &app{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}
+	os.Exit(a.run(ctx, os.Args[1:]))
+}
+
+// app is one invocation: where it writes and what environment it reads.
+type app struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+}
+
+const usage = `klaxon: the operators' tool of Klaxon.
+
+Usage:
+  klaxon rules check [FILE] [--strict] [--json]
+        validate a rules file (or KLAXON_RULES_FILE, or the rules in MongoDB)
+        with the worker's own loader; exit 1 on errors
+  klaxon backtest --events FILE [--rules FILE] [--json]
+        replay events (NDJSON of queue messages with event.timestamp) through
+        the rules, without Redis or the network, and print what would fire
+  klaxon test-send --project P --rule R [--channel C] [--rules FILE] [--json]
+        send a marked test message through the rule's channels and say how
+        each provider answered
+
+Settings are the worker's environment variables (docs/configuration.md).
+Run "klaxon COMMAND --help" for a command's flags.
+Exit codes: 0 ok, 1 a problem found, 2 the command could not run.
+`
+
+func (a *app) run(ctx context.Context, args []string) int {
+	if len(args) == 0 {
+		fmt.Fprint(a.stderr, usage)
+		return exitUsage
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(a.stdout, usage)
+		return exitOK
+	case "rules":
+		if len(args) > 1 && args[1] == "check" {
+			return a.rulesCheck(ctx, args[2:])
+		}
+		if len(args) > 1 && isHelp(args[1]) {
+			fmt.Fprint(a.stdout, rulesCheckUsage)
+			return exitOK
+		}
+		fmt.Fprint(a.stderr, "klaxon rules: want a subcommand: check\n\n"+rulesCheckUsage)
+		return exitUsage
+	case "backtest":
+		return a.backtest(ctx, args[1:])
+	case "test-send":
+		return a.testSend(ctx, args[1:])
+	}
+	fmt.Fprintf(a.stderr, "klaxon: unknown command %q\n\n%s", args[0], usage)
+	return exitUsage
+}
+
+func isHelp(arg string) bool {
+	return arg == "-h" || arg == "-help" || arg == "--help"
+}
+
+// parse parses args with fs, flags and positional arguments in any order,
+// and returns the positional ones. done is true when the caller must return
+// code: help was asked for (printed on stdout, 0), or the arguments are
+// wrong (said on stderr, 2).
+func (a *app) parse(fs *flag.FlagSet, args []string, text string) (positional []string, code int, done bool) {
+	var out bytes.Buffer
+	fs.SetOutput(&out)
+	fs.Usage = func() {
+		fmt.Fprint(&out, text)
+		fs.PrintDefaults()
+	}
+	for {
+		err := fs.Parse(args)
+		switch {
+		case errors.Is(err, flag.ErrHelp):
+			a.stdout.Write(out.Bytes())
+			return nil, exitOK, true
+		case err != nil:
+			a.stderr.Write(out.Bytes())
+			return nil, exitUsage, true
+		}
+		if fs.NArg() == 0 {
+			return positional, exitOK, false
+		}
+		// The standard flag package stops at the first argument that is no
+		// flag: go on after it, so "check rules.yml --strict" works too.
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// usageError says what is wrong with the arguments, and how to ask for help.
+func (a *app) usageError(cmd, format string, args ...any) int {
+	fmt.Fprintf(a.stderr, "klaxon %s: %s\nRun \"klaxon %s --help\" for usage.\n", cmd, fmt.Sprintf(format, args...), cmd)
+	return exitUsage
+}
+
+// config reads the worker's settings; an invalid one is a usage error.
+func (a *app) config(cmd string) (config.Config, bool) {
+	cfg, err := config.Load(a.getenv)
+	if err != nil {
+		fmt.Fprintf(a.stderr, "klaxon %s: %v\n", cmd, err)
+		return cfg, false
+	}
+	return cfg, true
+}
+
+// fail reports an error that kept a command from running.
+func (a *app) fail(cmd string, err error) int {
+	fmt.Fprintf(a.stderr, "klaxon %s: %s\n", cmd, strings.TrimSpace(err.Error()))
+	return exitUsage
+}

@@ -1,0 +1,64 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// result is what one invocation of the tool printed, and its exit code.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// klaxon runs the tool in-process with env as its whole environment.
+func klaxon(t *testing.T, env map[string]string, args ...string) result {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	a := &app{stdout: &out, stderr: &errOut, getenv: func(k string) string { return env[k] }}
+	code := a.run(context.Background(), args)
+	return result{code: code, stdout: out.String(), stderr: errOut.String()}
+}
+
+func writeTemp(t *testing.T, name, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestHelpOnEveryCommand: every command answers --help on stdout with exit
+// 0, so `klaxon X --help` is safe to run anywhere; an unknown flag is a
+// usage error (2), never taken for a finding (1).
+func TestHelpOnEveryCommand(t *testing.T) {
+	for _, args := range [][]string{
+		{"--help"}, {"help"}, {"rules", "--help"}, {"rules", "check", "--help"}, {"rules", "check", "-h"},
+		{"backtest", "--help"}, {"test-send", "--help"},
+	} {
+		r := klaxon(t, nil, args...)
+		if r.code != exitOK || !strings.Contains(r.stdout, "Usage") {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q", args, r.code, r.stdout, r.stderr)
+		}
+	}
+	for _, args := range [][]string{{}, {"nope"}, {"rules"}, {"rules", "check", "--nope"}, {"backtest", "--nope"}, {"test-send", "--nope"}} {
+		if r := klaxon(t, nil, args...); r.code != exitUsage || r.stderr == "" {
+			t.Errorf("%v: exit %d, stderr %q; want a usage error", args, r.code, r.stderr)
+		}
+	}
+}
+
+// TestInvalidSettingStopsWithItsName: the tool reads the worker's settings,
+// and an invalid one is said as the worker says it.
+func TestInvalidSettingStopsWithItsName(t *testing.T) {
+	file := writeTemp(t, "rules.yml", "{}\n")
+	r := klaxon(t, map[string]string{"KLAXON_LOG_LEVEL": "loud"}, "rules", "check", file)
+	if r.code != exitUsage || !strings.Contains(r.stderr, "KLAXON_LOG_LEVEL") {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+}

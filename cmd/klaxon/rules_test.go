@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/klaxonhq/klaxon/internal/testenv"
+)
+
+const checkedFile = `5e3eef0679fa3700a0198a49:
+  - id: good
+    isEnabled: true
+    whatToReceive: ONLY_NEW
+    channels: {webhook: {isEnabled: true, endpoint: "https://example.com/hook", minPeriod: 0}}
+  - id: bad-threshold
+    isEnabled: true
+    whatToReceive: SEEN_MORE
+    threshold: 0
+    thresholdPeriod: 60000
+  - id: typo
+    isEnabled: true
+    whatToReceive: ONLY_NEW
+    inclding: [x]
+    channels: {webhook: {isEnabled: true, endpoint: "https://example.com/hook", minPeriod: 0}}
+`
+
+// TestRulesCheckFile: a CI step on a rules file in git sees every problem
+// with its line, and fails on errors only.
+func TestRulesCheckFile(t *testing.T) {
+	file := writeTemp(t, "rules.yml", checkedFile)
+	r := klaxon(t, nil, "rules", "check", file)
+	if r.code != exitProblem {
+		t.Fatalf("exit %d, want 1:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	for _, want := range []string{
+		file + ":6: error: project 5e3eef0679fa3700a0198a49 rule bad-threshold: threshold/thresholdPeriod: threshold 0",
+		file + `:14: warning: project 5e3eef0679fa3700a0198a49 rule typo: unknown field "inclding" ignored`,
+		"1 project, 2 enabled rules loaded; 1 error, 1 warning",
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("output lacks %q:\n%s", want, r.stdout)
+		}
+	}
+
+	// The same as JSON, for a script.
+	r = klaxon(t, nil, "rules", "check", "--json", file)
+	var report checkReport
+	if err := json.Unmarshal([]byte(r.stdout), &report); err != nil {
+		t.Fatalf("%v: %s", err, r.stdout)
+	}
+	if r.code != exitProblem || report.Errors != 1 || report.Warnings != 1 || report.Rules != 2 ||
+		report.Problems[0].Line != 6 || report.Problems[0].Rule != "bad-threshold" || report.Problems[0].Severity != "error" {
+		t.Errorf("exit %d, report %+v", r.code, report)
+	}
+}
+
+// TestRulesCheckWarningsAndStrict: warnings alone pass, unless --strict.
+func TestRulesCheckWarningsAndStrict(t *testing.T) {
+	file := writeTemp(t, "rules.yml", strings.Replace(checkedFile, "threshold: 0", "threshold: 5", 1))
+	if r := klaxon(t, nil, "rules", "check", file); r.code != exitOK || !strings.Contains(r.stdout, "0 errors, 2 warnings") {
+		t.Errorf("exit %d:\n%s", r.code, r.stdout)
+	}
+	// Flags after the file work too.
+	if r := klaxon(t, nil, "rules", "check", file, "--strict"); r.code != exitProblem {
+		t.Errorf("--strict: exit %d:\n%s", r.code, r.stdout)
+	}
+	// The configured file is checked when no FILE is given.
+	if r := klaxon(t, map[string]string{"KLAXON_RULES_FILE": file}, "rules", "check"); r.code != exitOK || !strings.Contains(r.stdout, file+":14:") {
+		t.Errorf("KLAXON_RULES_FILE: exit %d:\n%s", r.code, r.stdout)
+	}
+}
+
+// TestRulesCheckUnreadable tells a broken file (1: fix it) from one that
+// is not there (2: the check did not run).
+func TestRulesCheckUnreadable(t *testing.T) {
+	broken := writeTemp(t, "rules.yml", "5e3eef0679fa3700a0198a49: [\n")
+	if r := klaxon(t, nil, "rules", "check", broken); r.code != exitProblem || !strings.Contains(r.stdout, "error:") {
+		t.Errorf("unparsable: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	empty := writeTemp(t, "rules.yml", "")
+	if r := klaxon(t, nil, "rules", "check", empty); r.code != exitProblem || !strings.Contains(r.stdout, `write "{}"`) {
+		t.Errorf("empty: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := klaxon(t, nil, "rules", "check", broken+".missing"); r.code != exitUsage || !strings.Contains(r.stderr, "no such file") {
+		t.Errorf("missing: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := klaxon(t, nil, "rules", "check", "a.yml", "b.yml"); r.code != exitUsage {
+		t.Errorf("two files: exit %d", r.code)
+	}
+}
+
+// TestRulesCheckMongo checks the rules where Hawk keeps them, through the
+// worker's MongoDB loader, against a real MongoDB wire server (FerretDB).
+func TestRulesCheckMongo(t *testing.T) {
+	url := testenv.Mongo(t)
+	client, err := mongo.Connect(options.Client().ApplyURI(url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Disconnect(context.Background()) })
+	db := client.Database(url[strings.LastIndex(url, "/")+1:])
+	project, good, bad := bson.NewObjectID(), bson.NewObjectID(), bson.NewObjectID()
+	hook := bson.M{"webhook": bson.M{"isEnabled": true, "endpoint": "https://example.com/hook", "minPeriod": 0}}
+	_, err = db.Collection("projects").InsertOne(context.Background(), bson.M{"_id": project, "notifications": bson.A{
+		bson.M{"_id": good, "isEnabled": true, "whatToReceive": "ONLY_NEW", "channels": hook},
+		bson.M{"_id": bad, "isEnabled": true, "whatToReceive": "SEEN_MORE", "threshold": 10, "thresholdPeriod": 10, "channels": hook},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := klaxon(t, map[string]string{"KLAXON_MONGO_URL": url}, "rules", "check")
+	want := "error: project " + project.Hex() + " rule " + bad.Hex() + ": threshold/thresholdPeriod: period 10 ms must be at least 1000 ms"
+	if r.code != exitProblem || !strings.Contains(r.stdout, want) || !strings.Contains(r.stdout, "1 enabled rule loaded") {
+		t.Fatalf("exit %d, want %q in:\n%s%s", r.code, want, r.stdout, r.stderr)
+	}
+	if strings.Contains(r.stdout+r.stderr, "example.com") {
+		t.Errorf("an endpoint was printed:\n%s", r.stdout)
+	}
+}
