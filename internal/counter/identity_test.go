@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/klaxonhq/klaxon/internal/rules"
 )
@@ -184,5 +185,51 @@ func busyGroupIDs(t *testing.T, scriptOnly bool) {
 		if ttl := rdb.PTTL(ctx, k).Val(); ttl <= 0 {
 			t.Errorf("key %s has no expiry (%v)", k, ttl)
 		}
+	}
+}
+
+// Inspect tells what the counter holds for a group, as the last event saw
+// it, and changes nothing.
+func TestInspect(t *testing.T) {
+	rdb := testRedis(t)
+	ctx := context.Background()
+	e := New(rdb, Options{Verbose: true, Prefix: testPrefix(t, rdb)})
+	events := mustRule(t, seenMore(rules.WindowSpec{Threshold: 3, Period: 60_000}, rules.WindowSpec{Threshold: 100, Period: 3_600_000}))
+	usersSpec := seenMore(rules.WindowSpec{Threshold: 10, Period: 60_000})
+	usersSpec.CountBy = rules.CountUsers
+	users := mustRule(t, usersSpec)
+	idleSpec := seenMore(rules.WindowSpec{Threshold: 5, Period: 60_000})
+	idleSpec.Including = []string{"never"} // not the ring of the rule above
+	idle := mustRule(t, idleSpec)
+	start := time.Now().Add(-10 * time.Minute)
+	var last Result
+	for i, u := range []string{"ann", "bob", "ann", "cid"} {
+		last = observe(t, e, Event{ID: fmt.Sprint("m", i), ProjectID: project, GroupHash: "g", UserID: u,
+			Time: start.Add(time.Duration(i) * time.Second), Rules: []*rules.Rule{events, users}})[0]
+	}
+	got, now, err := e.Inspect(ctx, project, "g", []*rules.Rule{events, users, idle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now.Before(start) {
+		t.Errorf("Redis' clock %v", now)
+	}
+	for k := range 2 {
+		g, w := got[k], last.Outcomes[k]
+		if fmt.Sprint(g.Counts) != fmt.Sprint(w.Counts) || !g.At.Equal(w.At) || !g.Rearm.Equal(w.Rearm) {
+			t.Errorf("rule %d: inspect counts %v at %v rearm %v, last event saw %v at %v rearm %v",
+				k, g.Counts, g.At, g.Rearm, w.Counts, w.At, w.Rearm)
+		}
+	}
+	if o := got[2]; !o.At.IsZero() || fmt.Sprint(o.Counts) != "[0]" {
+		t.Errorf("a rule the group never counted: %+v", o)
+	}
+	again, _, err := e.Inspect(ctx, project, "g", []*rules.Rule{events})
+	if err != nil || fmt.Sprint(again[0].Counts) != fmt.Sprint(got[0].Counts) {
+		t.Errorf("a second look: %v, %v", again, err)
+	}
+	if r := observe(t, e, Event{ID: "m9", ProjectID: project, GroupHash: "g", Time: start.Add(5 * time.Second),
+		Rules: []*rules.Rule{events}})[0].Outcomes[0]; r.Counts[0] != 5 {
+		t.Errorf("count after inspecting %v, want 5: inspecting changed the state", r.Counts)
 	}
 }

@@ -1,0 +1,85 @@
+package counter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/klaxonhq/klaxon/internal/rules"
+)
+
+// Inspect reads a group's state without changing it and tells, for each
+// rule, what the counter holds now: the rule's clock (At, the newest event
+// it counted), when it rearms (Rearm), and each window's count as of the
+// newest event its ring has seen, the way the next event would find it
+// before counting itself. It also returns Redis' clock. A rule the group
+// never counted has a zero At; for operators' tools (klaxon explain).
+func (e *Engine) Inspect(ctx context.Context, projectID, groupHash string, rs []*rules.Rule) ([]Outcome, time.Time, error) {
+	base := GroupKey(e.prefix, projectID, groupHash)
+	var clock *redis.TimeCmd
+	var get *redis.StringCmd
+	users := make(map[[2]int]*redis.IntCmd) // by rule and window
+	_, err := e.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		clock = p.Time(ctx)
+		get = p.Get(ctx, base+":s")
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, time.Time{}, fmt.Errorf("read state of %s: %w", base, err)
+	}
+	raw, err := get.Bytes()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, time.Time{}, fmt.Errorf("read state of %s: %w", base, err)
+	}
+	now := clock.Val().UnixMilli()
+	st := decodeState(raw, now, now/e.dedupTTL)
+	var b batch
+	outs := make([]Outcome, len(rs))
+	for i, r := range rs {
+		info := b.info(r)
+		o := Outcome{Rule: r, Window: -1, Counts: make([]int64, len(r.Windows))}
+		for _, s := range st.rules {
+			if s.tag == info.state && s.until > now {
+				o.At, o.Rearm = unixMilli(s.at), unixMilli(s.rearm)
+			}
+		}
+		if !r.Users {
+			for w, spec := range info.rings {
+				for _, ring := range st.rings {
+					if ring.tag == spec.tag && ring.until > now {
+						lo := floorDiv(ring.at-spec.period, spec.bucket)
+						for k := 0; k+1 < len(ring.pairs); k += 2 {
+							if ring.pairs[k] >= lo {
+								o.Counts[w] += ring.pairs[k+1]
+							}
+						}
+					}
+				}
+			}
+		}
+		outs[i] = o
+	}
+	_, err = e.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, o := range outs {
+			if !o.Rule.Users || o.At.IsZero() {
+				continue
+			}
+			for w, spec := range o.Rule.Windows {
+				from := "(" + strconv.FormatInt(o.At.UnixMilli()-spec.Period.Milliseconds(), 10)
+				users[[2]int{i, w}] = p.ZCount(ctx, base+":u:"+strconv.FormatInt(b.info(o.Rule).state, 10), from, "+inf")
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("count users of %s: %w", base, err)
+	}
+	for k, c := range users {
+		outs[k[0]].Counts[k[1]] = c.Val()
+	}
+	return outs, time.UnixMilli(now), nil
+}
