@@ -14,11 +14,13 @@ import (
 	"github.com/klaxonhq/klaxon/internal/notify/notifytest"
 )
 
-// A new-error rule notifies on all four channels once, whatever is
+// A new-error rule notifies on all five channels once, whatever is
 // duplicated or redelivered, and every channel carries the same id.
 func TestNewErrorNotifiesEveryChannelOnce(t *testing.T) {
 	h := newHarness(t)
-	r := rule(bson.M{"whatToReceive": "ONLY_NEW", "channels": h.allChannels()})
+	channels := h.allChannels()
+	channels["loop"] = bson.M{"isEnabled": true, "endpoint": h.loop.URL, "minPeriod": 0}
+	r := rule(bson.M{"whatToReceive": "ONLY_NEW", "channels": channels})
 	project := h.project(r)
 	h.start()
 
@@ -53,6 +55,10 @@ func TestNewErrorNotifiesEveryChannelOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	loopReqs, err := h.loop.WaitFor(2, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var a map[string]any
 	for _, b := range bodies {
 		if b["event"].(map[string]any)["groupHash"] == "grp-a" {
@@ -80,6 +86,19 @@ func TestNewErrorNotifiesEveryChannelOnce(t *testing.T) {
 
 	if got := countContaining(slackTexts(slackReqs), "DB &lt;down&gt; &amp;"); got != 1 {
 		t.Errorf("%d Slack messages for grp-a's escaped title, want 1: %q", got, slackTexts(slackReqs))
+	}
+	var loopTexts []string
+	for _, r := range loopReqs {
+		if r.Username != "Hawk" {
+			t.Errorf("loop username %q", r.Username)
+		}
+		loopTexts = append(loopTexts, r.Text)
+	}
+	if got := countContaining(loopTexts, "`"+title+"`"); got != 1 {
+		t.Errorf("%d Loop messages with grp-a's title in a code span, want 1: %q", got, loopTexts)
+	}
+	if got := countContaining(loopTexts, "Notification id "+id); got != 1 {
+		t.Errorf("%d Loop messages carry the webhook's id %s, want 1: %q", got, id, loopTexts)
 	}
 	var tgTexts []string
 	for _, r := range tgReqs {
@@ -125,10 +144,12 @@ func TestNewErrorNotifiesEveryChannelOnce(t *testing.T) {
 
 	// Exactly two of each: grp-a once, grp-b once.
 	waitQuiet(t, func() int {
-		return len(h.webhook.Requests()) + len(h.slack.Requests()) + len(h.telegram.Requests()) + len(h.smtp.Messages())
-	}, 8)
-	if logs := h.logs.String(); strings.Contains(logs, telegramToken) || strings.Contains(logs, h.webhook.Path) || strings.Contains(logs, h.slack.Token) {
-		t.Error("a secret (Telegram token, webhook or Slack URL) is in the logs")
+		return len(h.webhook.Requests()) + len(h.slack.Requests()) + len(h.telegram.Requests()) + len(h.smtp.Messages()) +
+			len(h.loop.Requests())
+	}, 10)
+	if logs := h.logs.String(); strings.Contains(logs, telegramToken) || strings.Contains(logs, h.webhook.Path) ||
+		strings.Contains(logs, h.slack.Token) || strings.Contains(logs, h.loop.Token) {
+		t.Error("a secret (Telegram token, webhook, Slack or Loop URL) is in the logs")
 	}
 }
 

@@ -1,6 +1,6 @@
 // Command klaxon is the Klaxon worker: it consumes Hawk's error events from
 // RabbitMQ, counts them against each project's notification rules in Redis,
-// and notifies by email, Telegram, Slack or webhook when a rule fires.
+// and notifies by email, Telegram, Slack, Loop or webhook when a rule fires.
 //
 // The data path, in the order main wires it:
 //
@@ -40,6 +40,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/netguard"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/notify/email"
+	"github.com/klaxonhq/klaxon/internal/notify/loop"
 	"github.com/klaxonhq/klaxon/internal/notify/slack"
 	"github.com/klaxonhq/klaxon/internal/notify/telegram"
 	"github.com/klaxonhq/klaxon/internal/notify/webhook"
@@ -279,11 +280,11 @@ func ruleCache(cfg config.Config, log *slog.Logger, m *metrics.Metrics) (*store.
 	return cache, closeSrc, nil
 }
 
-// buildChannels makes the channels cfg configures. Webhook and Slack need
-// no settings; email and Telegram are there only when configured, and a
+// buildChannels makes the channels cfg configures. Webhook, Slack and Loop
+// need no settings; email and Telegram are there only when configured, and a
 // rule using them elsewhere fails its deliveries with a clear reason.
 //
-// Endpoints from rules (webhook and Slack URLs, Telegram hook URLs) are
+// Endpoints from rules (webhook, Slack and Loop URLs, Telegram hook URLs) are
 // written by untrusted users: they go through a netguard client, which
 // reaches the public internet and KLAXON_ALLOW_PRIVATE_NETWORKS only. What
 // the operator configured (the Bot API, SMTP) is trusted and is not.
@@ -298,6 +299,7 @@ func buildChannels(cfg config.Config) (map[string]notify.Channel, error) {
 	channels := map[string]notify.Channel{
 		rules.Webhook: webhook.New(fromRules),
 		rules.Slack:   &slack.Notifier{Client: fromRules, Hosts: cfg.SlackPatterns()},
+		rules.Loop:    &loop.Notifier{Client: fromRules, Hosts: cfg.LoopPatterns()},
 	}
 	if cfg.EmailEnabled() {
 		e, err := email.New(email.Config{

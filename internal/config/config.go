@@ -60,6 +60,7 @@ const (
 	EnvAllowPorts           = "KLAXON_ALLOW_PORTS"
 	EnvSlackHosts           = "KLAXON_SLACK_HOSTS"
 	EnvTelegramHookHosts    = "KLAXON_TELEGRAM_HOOK_HOSTS"
+	EnvLoopHosts            = "KLAXON_LOOP_HOSTS"
 	// Bounds on what one project's firings and messages may take.
 	EnvDigestMaxFirings = "KLAXON_DIGEST_MAX_FIRINGS"
 	EnvDigestMaxBytes   = "KLAXON_DIGEST_MAX_BYTES"
@@ -102,6 +103,9 @@ const (
 	defaultAllowPorts    = "80,443"
 	defaultSlackHosts    = "hooks.slack.com/services/"
 	defaultTelegramHooks = "notify.bot.codex.so"
+	// Loop is installed on each customer's own servers: no host is
+	// everyone's. Operators narrow it to theirs.
+	defaultLoopHosts     = "*"
 	defaultDigestFirings = 500
 	defaultDigestBytes   = 1 << 20
 	defaultDeadMessages  = 100_000
@@ -148,6 +152,7 @@ func Variables() []Variable {
 		{EnvAllowPorts, "", defaultAllowPorts, false, "ports endpoints from rules may reach on public addresses"},
 		{EnvSlackHosts, "", defaultSlackHosts, false, "host[/path-prefix] patterns a Slack endpoint must match"},
 		{EnvTelegramHookHosts, "", defaultTelegramHooks, false, "host[/path-prefix] patterns a Telegram hook URL must match"},
+		{EnvLoopHosts, "", defaultLoopHosts, false, "host[/path-prefix] patterns a Loop endpoint must match"},
 		{EnvDigestMaxFirings, "", strconv.Itoa(defaultDigestFirings), false, "most firings one digest lists (1-10000); the rest are counted as omitted"},
 		{EnvDigestMaxBytes, "", "1MiB", false, "most bytes of firings one digest gathers (1KiB-16MiB); the rest are counted as omitted"},
 		{EnvDeadMaxMessages, "", strconv.Itoa(defaultDeadMessages), false, "most messages <queue>.dead and <prefix>.failed keep each; the oldest go first"},
@@ -201,6 +206,7 @@ type Config struct {
 	AllowPorts           string // KLAXON_ALLOW_PORTS, e.g. "80,443"
 	SlackHosts           string // KLAXON_SLACK_HOSTS
 	TelegramHookHosts    string // KLAXON_TELEGRAM_HOOK_HOSTS
+	LoopHosts            string // KLAXON_LOOP_HOSTS
 	// DigestMaxFirings and DigestMaxBytes bound a (rule, channel)'s
 	// digest (KLAXON_DIGEST_MAX_FIRINGS, KLAXON_DIGEST_MAX_BYTES).
 	DigestMaxFirings int

@@ -47,6 +47,7 @@ func TestLoadDefaults(t *testing.T) {
 		AllowPorts:        "80,443",
 		SlackHosts:        "hooks.slack.com/services/",
 		TelegramHookHosts: "notify.bot.codex.so",
+		LoopHosts:         "*",
 
 		DigestMaxFirings: 500,
 		DigestMaxBytes:   1 << 20,

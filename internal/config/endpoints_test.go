@@ -13,6 +13,7 @@ func TestLoadEndpointSettings(t *testing.T) {
 		EnvAllowPorts:           "443, 8443,443",
 		EnvSlackHosts:           "hooks.slack.com/services/, 127.0.0.1",
 		EnvTelegramHookHosts:    "*",
+		EnvLoopHosts:            "loop.example.com/hooks/, *.loop.ru",
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -28,6 +29,9 @@ func TestLoadEndpointSettings(t *testing.T) {
 	if got := c.SlackPatterns(); len(got) != 2 || got[1].Host != "127.0.0.1" {
 		t.Errorf("slack patterns %v", got)
 	}
+	if got := c.LoopPatterns(); len(got) != 2 || got[0].String() != "loop.example.com/hooks/" || got[1].Host != "*.loop.ru" {
+		t.Errorf("loop patterns %v", got)
+	}
 
 	def, _ := Load(env(nil))
 	if p := def.EndpointPolicy(); p.Allow != nil || len(p.Ports) != 2 {
@@ -35,6 +39,9 @@ func TestLoadEndpointSettings(t *testing.T) {
 	}
 	if got := def.TelegramHookPatterns(); len(got) != 1 || got[0].String() != "notify.bot.codex.so" {
 		t.Errorf("default telegram hook patterns %v", got)
+	}
+	if got := def.LoopPatterns(); len(got) != 1 || got[0].Host != "*" {
+		t.Errorf("default loop patterns %v", got)
 	}
 }
 
@@ -49,6 +56,7 @@ func TestLoadEndpointSettingsInvalid(t *testing.T) {
 		{EnvAllowPorts, ",", "names no port"},
 		{EnvSlackHosts, "https://hooks.slack.com/services/", "without a scheme"},
 		{EnvTelegramHookHosts, ", ,", "no pattern"},
+		{EnvLoopHosts, "https://loop.example.com/", "without a scheme"},
 	}
 	for _, tt := range tests {
 		_, err := Load(env(map[string]string{tt.name: tt.value}))

@@ -44,6 +44,7 @@ func (c Config) attrs() []slog.Attr {
 		slog.String("allow_ports", c.AllowPorts),
 		slog.String("slack_hosts", c.SlackHosts),
 		slog.String("telegram_hook_hosts", c.TelegramHookHosts),
+		slog.String("loop_hosts", c.LoopHosts),
 		slog.String("telegram_allowed_chats", c.TelegramAllowedChats),
 		slog.Int("max_rules_per_project", c.Limits.RulesPerProject),
 		slog.Int("max_windows_per_rule", c.Limits.WindowsPerRule),

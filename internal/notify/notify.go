@@ -1,5 +1,5 @@
-// Package notify turns firings into messages on email, Telegram, Slack and
-// webhooks. The types here are the contract between the evaluator, which
+// Package notify turns firings into messages on email, Telegram, Slack, Loop
+// and webhooks. The types here are the contract between the evaluator, which
 // creates notifications, and the channels, which deliver them.
 package notify
 

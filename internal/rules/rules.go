@@ -32,10 +32,11 @@ const (
 	Telegram = "telegram"
 	Slack    = "slack"
 	Webhook  = "webhook"
+	Loop     = "loop" // Hawk's Loop messenger: a Slack-compatible incoming webhook
 )
 
 // ChannelNames lists every channel a rule may use, in a stable order.
-var ChannelNames = [...]string{Email, Telegram, Slack, Webhook}
+var ChannelNames = [...]string{Email, Telegram, Slack, Webhook, Loop}
 
 // NewGroupCooldown is how long an ONLY_NEW rule stays quiet for a group after
 // it fired for it.
@@ -245,7 +246,7 @@ func (l Limits) Compile(projectID string, s Spec) (*Rule, []string, error) {
 		})
 	}
 	for _, name := range slices.Sorted(maps.Keys(s.Channels)) {
-		// Hawk's rules carry channels Klaxon does not have (loop, webPush,
+		// Hawk's rules carry channels Klaxon does not have (webPush,
 		// desktopPush), usually disabled: only an enabled one loses messages.
 		if !knownChannel(name) && s.Channels[name].IsEnabled {
 			warnings = append(warnings, fmt.Sprintf("channel %q is not supported: ignored", name))

@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -131,14 +132,14 @@ func hawkDefaultChannels() map[string]ChannelSpec {
 		Email:         {IsEnabled: true, Endpoint: "owner@example.com", MinPeriod: 60},
 		Telegram:      {IsEnabled: false, Endpoint: "", MinPeriod: 60},
 		Slack:         {IsEnabled: false, Endpoint: "", MinPeriod: 60},
-		"loop":        {IsEnabled: false, Endpoint: "", MinPeriod: 60},
+		Loop:          {IsEnabled: false, Endpoint: "", MinPeriod: 60},
 		"webPush":     {IsEnabled: false, Endpoint: "", MinPeriod: 60},
 		"desktopPush": {IsEnabled: false, Endpoint: "", MinPeriod: 60},
 	}
 }
 
 // Hawk's own default rule loads quietly: its disabled channels that Klaxon
-// does not have (loop, pushes) are not worth a warning on every project.
+// does not have (pushes) are not worth a warning on every project.
 func TestHawkDefaultRuleLoadsWithoutWarnings(t *testing.T) {
 	r, warnings, err := Compile("p", Spec{ID: "r", IsEnabled: true, WhatToReceive: SeenMore,
 		Threshold: 20, ThresholdPeriod: 3_600_000, Including: []string{}, Excluding: []string{}, Channels: hawkDefaultChannels()})
@@ -154,13 +155,29 @@ func TestHawkDefaultRuleLoadsWithoutWarnings(t *testing.T) {
 // messages will not be sent.
 func TestEnabledUnsupportedChannelWarned(t *testing.T) {
 	channels := hawkDefaultChannels()
-	channels["loop"] = ChannelSpec{IsEnabled: true, Endpoint: "https://loop.example/hooks/x"}
+	channels["webPush"] = ChannelSpec{IsEnabled: true, Endpoint: "subscription-1"}
 	_, warnings, err := Compile("p", Spec{ID: "r", IsEnabled: true, WhatToReceive: OnlyNew, Channels: channels})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(warnings) != 1 || !strings.Contains(warnings[0], `channel "loop" is not supported`) {
-		t.Errorf("warnings %q, want one about loop", warnings)
+	if len(warnings) != 1 || !strings.Contains(warnings[0], `channel "webPush" is not supported`) {
+		t.Errorf("warnings %q, want one about webPush", warnings)
+	}
+}
+
+// A migrated rule whose Loop channel is on keeps notifying there: loop is
+// one of Klaxon's channels, not a warning.
+func TestLoopChannelCompiled(t *testing.T) {
+	channels := hawkDefaultChannels()
+	channels[Loop] = ChannelSpec{IsEnabled: true, Endpoint: " https://loop.example/hooks/x ", MinPeriod: 30}
+	r, warnings, err := Compile("p", Spec{ID: "r", IsEnabled: true, WhatToReceive: OnlyNew, Channels: channels})
+	if err != nil || len(warnings) != 0 {
+		t.Fatalf("err %v, warnings %q: want none", err, warnings)
+	}
+	want := []Channel{{Name: Email, Endpoint: "owner@example.com", MinPeriod: time.Minute},
+		{Name: Loop, Endpoint: "https://loop.example/hooks/x", MinPeriod: 30 * time.Second}}
+	if !slices.Equal(r.Channels, want) {
+		t.Errorf("channels %+v, want %+v", r.Channels, want)
 	}
 }
 
