@@ -75,6 +75,13 @@ func TestNewErrorNotifiesEveryChannelOnce(t *testing.T) {
 	if ev := a["event"].(map[string]any); ev["title"] != title || ev["repetitionId"] != nil {
 		t.Errorf("webhook event %v", ev)
 	}
+	// What people act on: the project by name (from the rules snapshot),
+	// the rule in words, and Hawk's page of the event.
+	eventURL := "https://garage.hawk.so/project/" + project + "/event/grp-a/overview"
+	if a["version"] != "2" || a["projectName"] != "test project" || a["ruleDescription"] != "new errors" ||
+		a["event"].(map[string]any)["url"] != eventURL {
+		t.Errorf("webhook body %v: want version 2, the project's name, the rule in words and the event's URL", a)
+	}
 	if _, err := time.Parse(time.RFC3339, a["firedAt"].(string)); err != nil {
 		t.Errorf("firedAt: %v", err)
 	}
@@ -96,6 +103,12 @@ func TestNewErrorNotifiesEveryChannelOnce(t *testing.T) {
 	}
 	if got := countContaining(loopTexts, "`"+title+"`"); got != 1 {
 		t.Errorf("%d Loop messages with grp-a's title in a code span, want 1: %q", got, loopTexts)
+	}
+	if got := countContaining(loopTexts, "[View event]("+eventURL+")"); got != 1 {
+		t.Errorf("%d Loop messages link to %s, want 1: %q", got, eventURL, loopTexts)
+	}
+	if got := countContaining(loopTexts, "Project test project ("+project+")"); got != 2 {
+		t.Errorf("%d Loop messages name the project, want 2: %q", got, loopTexts)
 	}
 	if got := countContaining(loopTexts, "Notification id "+id); got != 1 {
 		t.Errorf("%d Loop messages carry the webhook's id %s, want 1: %q", got, id, loopTexts)
@@ -124,6 +137,9 @@ func TestNewErrorNotifiesEveryChannelOnce(t *testing.T) {
 			continue
 		}
 		found = true
+		if !strings.HasPrefix(subject, "[Klaxon] [test project] ") {
+			t.Errorf("email subject %q does not name the project", subject)
+		}
 		if got := msg.Header.Get("X-Klaxon-Notification-Id"); got != id {
 			t.Errorf("email notification id %q, webhook's %q", got, id)
 		}

@@ -120,6 +120,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			Publisher:     pub,
 			DeadQueue:     cfg.DeadQueue(),
 			DeliveryQueue: deliveryQueue(cfg),
+			EventURL:      cfg.EventURL,
 			Log:           log.With("stage", "evaluator"),
 			Metrics:       m,
 		}

@@ -75,6 +75,7 @@ const (
 	EnvMaxFilterBytes       = "KLAXON_MAX_FILTER_BYTES"
 	EnvMaxMatchedTitle      = "KLAXON_MAX_MATCHED_TITLE_BYTES"
 	EnvMaxEmailRecipients   = "KLAXON_MAX_EMAIL_RECIPIENTS"
+	EnvEventURL             = "KLAXON_EVENT_URL"
 )
 
 // Hawk's names for the same settings, and the defaults.
@@ -110,6 +111,11 @@ const (
 	defaultDigestBytes   = 1 << 20
 	defaultDeadMessages  = 100_000
 	defaultDeadBytes     = 256 << 20
+	// Hawk's own page of an event group, as Hawk's senders link to it.
+	defaultEventURL = "https://garage.hawk.so/project/{projectId}/event/{groupHash}/overview"
+	// noEventURL leaves the link out: an empty value takes the default,
+	// as for every variable.
+	noEventURL = "none"
 )
 
 // Variable describes one environment variable Load reads.
@@ -165,6 +171,7 @@ func Variables() []Variable {
 		{EnvMaxFilterBytes, "", strconv.Itoa(rules.DefaultFilterBytes), false, "bytes a rule's filter words may add up to"},
 		{EnvMaxMatchedTitle, "", strconv.Itoa(rules.DefaultMatchedTitleBytes), false, "bytes at the start of an event title that filters search"},
 		{EnvMaxEmailRecipients, "", strconv.Itoa(rules.DefaultEmailRecipients), false, "addresses an email endpoint may name"},
+		{EnvEventURL, "", defaultEventURL, false, "link to an event in messages, with {projectId} and {groupHash}; none leaves it out"},
 	}
 }
 
@@ -219,6 +226,9 @@ type Config struct {
 	// (KLAXON_TELEGRAM_ALLOWED_CHATS), comma-separated without spaces;
 	// empty means any. A string keeps Config comparable.
 	TelegramAllowedChats string
+	// EventURL is the template of a link to an event in messages, with
+	// {projectId} and {groupHash} (KLAXON_EVENT_URL); "" leaves it out.
+	EventURL string
 	// Limits bound each project's rules (KLAXON_MAX_*).
 	Limits rules.Limits
 }
@@ -324,6 +334,23 @@ func (l *loader) lookup(name, alias string, raw bool) setting {
 	return setting{name: name}
 }
 
+// eventURL reads KLAXON_EVENT_URL: an absolute http(s) URL once its
+// placeholders are filled in, or "none".
+func (l *loader) eventURL() string {
+	s := l.lookup(EnvEventURL, "", false)
+	switch {
+	case !s.set():
+		return defaultEventURL
+	case strings.EqualFold(s.value, noEventURL):
+		return ""
+	}
+	filled := strings.NewReplacer("{projectId}", "5e3eef0679fa3700a0198a49", "{groupHash}", "0").Replace(s.value)
+	if u, err := url.Parse(filled); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		l.fail(s, fmt.Sprintf("%q is not an absolute http(s) URL (with {projectId} and {groupHash}), or none", s.value))
+	}
+	return s.value
+}
+
 // fail records that s is invalid. The reason is reduced to one line and
 // scrubbed of every known secret, whatever a library put into it.
 func (l *loader) fail(s setting, reason string) {
@@ -376,6 +403,7 @@ func Load(getenv func(string) string) (Config, error) {
 	c.DeadMaxMessages = l.count(EnvDeadMaxMessages, defaultDeadMessages, 1, 100_000_000)
 	c.DeadMaxBytes = l.size(EnvDeadMaxBytes, defaultDeadBytes, 1<<20, 1<<40)
 	c.TelegramAllowedChats = l.chats()
+	c.EventURL = l.eventURL()
 	c.Limits = rules.Limits{
 		RulesPerProject:   l.count(EnvMaxRules, rules.DefaultRulesPerProject, 1, 1_000_000),
 		WindowsPerRule:    l.count(EnvMaxWindows, rules.MaxWindowsPerRule, 1, rules.MaxWindowsPerRule),

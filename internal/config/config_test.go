@@ -48,6 +48,7 @@ func TestLoadDefaults(t *testing.T) {
 		SlackHosts:        "hooks.slack.com/services/",
 		TelegramHookHosts: "notify.bot.codex.so",
 		LoopHosts:         "*",
+		EventURL:          "https://garage.hawk.so/project/{projectId}/event/{groupHash}/overview",
 
 		DigestMaxFirings: 500,
 		DigestMaxBytes:   1 << 20,

@@ -67,3 +67,27 @@ func TestLoadEndpointSettingsInvalid(t *testing.T) {
 		}
 	}
 }
+
+// KLAXON_EVENT_URL links messages to the tracker: Hawk's own page by
+// default, any http(s) template, or none (an empty value is unset, as for
+// every variable, and takes the default).
+func TestLoadEventURL(t *testing.T) {
+	for value, want := range map[string]string{
+		"":     "https://garage.hawk.so/project/{projectId}/event/{groupHash}/overview",
+		"none": "",
+		"NONE": "",
+		"https://hawk.example.com/project/{projectId}/event/{groupHash}": "https://hawk.example.com/project/{projectId}/event/{groupHash}",
+	} {
+		c, err := Load(env(map[string]string{EnvEventURL: value}))
+		if err != nil || c.EventURL != want {
+			t.Errorf("%q: %q, %v; want %q", value, c.EventURL, err, want)
+		}
+	}
+	for _, bad := range []string{"garage.hawk.so/project/{projectId}", "ftp://x/{groupHash}", "https://"} {
+		_, err := Load(env(map[string]string{EnvEventURL: bad}))
+		var ce *Error
+		if !errors.As(err, &ce) || ce.Var != EnvEventURL {
+			t.Errorf("%q: %v, want an error naming %s", bad, err, EnvEventURL)
+		}
+	}
+}

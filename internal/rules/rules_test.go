@@ -213,3 +213,22 @@ func TestTelegramEndpointsLoadQuietly(t *testing.T) {
 		}
 	}
 }
+
+// Messages say what a rule watches, so that whoever gets one knows why.
+func TestDescription(t *testing.T) {
+	for want, spec := range map[string]Spec{
+		"new errors": {WhatToReceive: OnlyNew},
+		`new errors, title containing "database" or "redis", not "staging"`: {WhatToReceive: OnlyNew,
+			Including: []string{"Database", " redis", ""}, Excluding: []string{"staging"}},
+		"100 events in 1 minute":                       {WhatToReceive: SeenMore, Threshold: 100, ThresholdPeriod: 60_000},
+		"20 events in 1 hour or 5 events in 3 seconds": {WhatToReceive: SeenMore, Windows: []WindowSpec{{20, 3_600_000}, {5, 3000}}},
+		"10 affected users in 90 seconds":              {WhatToReceive: SeenMore, Threshold: 10, ThresholdPeriod: 90_000, CountBy: CountUsers},
+		"3 events in 1.5s":                             {WhatToReceive: SeenMore, Threshold: 3, ThresholdPeriod: 1500},
+	} {
+		spec.ID, spec.IsEnabled = "r", true
+		r, _, err := Compile("p", spec)
+		if err != nil || r.Description != want {
+			t.Errorf("%+v: %q, %v; want %q", spec, r.Description, err, want)
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 
+	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/store"
 )
 
@@ -91,22 +92,32 @@ func TestFileSourceLoadsRulesCopiedFromMongo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	export := func(t *testing.T, doc bson.Raw, canonical bool) string {
+		js, err := bson.MarshalExtJSON(doc, canonical, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(js), `"_id":{"$oid":"`) {
+			t.Fatalf("export %s has no {$oid} _id", js)
+		}
+		return string(js)
+	}
+	// Rules one by one under their project, or the whole project document
+	// (whose name then comes along).
 	for _, mode := range []struct {
-		name      string
-		canonical bool
-	}{{"relaxed", false}, {"canonical", true}} {
+		name         string
+		canonical    bool
+		wholeProject bool
+	}{{"relaxed rules", false, false}, {"canonical rules", true, false}, {"relaxed project", false, true}, {"canonical project", true, true}} {
 		t.Run(mode.name, func(t *testing.T) {
 			var file strings.Builder
-			file.WriteString(projectA + ":\n")
-			for _, v := range values {
-				js, err := bson.MarshalExtJSON(v.Document(), mode.canonical, false)
-				if err != nil {
-					t.Fatal(err)
+			if mode.wholeProject {
+				file.WriteString(projectA + ": " + export(t, doc, mode.canonical) + "\n")
+			} else {
+				file.WriteString(projectA + ":\n")
+				for _, v := range values {
+					file.WriteString("  - " + export(t, v.Document(), mode.canonical) + "\n")
 				}
-				if !strings.Contains(string(js), `"_id":{"$oid":"`) {
-					t.Fatalf("export %s has no {$oid} _id", js)
-				}
-				file.WriteString("  - " + string(js) + "\n")
 			}
 			path := filepath.Join(t.TempDir(), "rules.yaml")
 			writeFile(t, path, file.String())
@@ -120,6 +131,19 @@ func TestFileSourceLoadsRulesCopiedFromMongo(t *testing.T) {
 				t.Errorf("problems %v, want none\n%s", p, file.String())
 			}
 			got := fromFile.Rules(projectA)
+			if !mode.wholeProject {
+				// A bare list of rules names no project.
+				named := make([]*rules.Rule, len(got))
+				for i, r := range got {
+					if r.ProjectName != "" {
+						t.Errorf("rule %s has project name %q", r.ID, r.ProjectName)
+					}
+					c := *r
+					c.ProjectName = "Shop"
+					named[i] = &c
+				}
+				got = named
+			}
 			if !reflect.DeepEqual(got, want) {
 				t.Errorf("from the file:\n%+v\nfrom MongoDB:\n%+v", deref(got), deref(want))
 			}
@@ -183,4 +207,54 @@ func deref[T any](ps []*T) []T {
 		out[i] = *p
 	}
 	return out
+}
+
+// A project in the file may be a mapping shaped like Hawk's project
+// document, whose name messages then show; the plain list of rules keeps
+// working and names nothing.
+func TestFileSourceProjectNames(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	writeFile(t, path, `
+5e3eef0679fa3700a0198a49:
+  name: "Shop\nfront"
+  notifications:
+    - {id: a, isEnabled: true, whatToReceive: ONLY_NEW}
+5e3eef0679fa3700a0198a4a:
+  - {id: b, isEnabled: true, whatToReceive: ONLY_NEW}
+5e3eef0679fa3700a0198a4b:
+  _id: {$oid: 5e3eef0679fa3700a0198a4c}
+  notifications: [{id: c, isEnabled: true, whatToReceive: ONLY_NEW}]
+5e3eef0679fa3700a0198a4d:
+  name: [not, a, string]
+  token: `+secret+`
+  notifications: [{id: d, isEnabled: true, whatToReceive: ONLY_NEW}]
+5e3eef0679fa3700a0198a4e:
+  name: no rules key
+`)
+	log, logs := newLogger()
+	cache := store.NewCache(store.NewFileSource(path), store.CacheOptions{Logger: log})
+	if err := cache.Refresh(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for project, want := range map[string]string{
+		"5e3eef0679fa3700a0198a49": "Shop front", "5e3eef0679fa3700a0198a4a": "", "5e3eef0679fa3700a0198a4d": "",
+	} {
+		if rs := cache.Rules(project); len(rs) != 1 || rs[0].ProjectName != want {
+			t.Errorf("project %s: %+v, want one rule named %q", project, rs, want)
+		}
+	}
+	for _, project := range []string{"5e3eef0679fa3700a0198a4b", "5e3eef0679fa3700a0198a4e"} {
+		if rs := cache.Rules(project); rs != nil {
+			t.Errorf("project %s: %d rules, want it skipped", project, len(rs))
+		}
+	}
+	for _, want := range []string{"_id is not the project id", "want a list of rules, or a mapping with notifications",
+		"name is not a string", `unknown field \"token\" ignored`} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("no warning %q\n%s", want, logs)
+		}
+	}
+	if strings.Contains(logs.String(), secret) {
+		t.Errorf("a secret reached the log:\n%s", logs)
+	}
 }

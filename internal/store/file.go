@@ -23,7 +23,9 @@ import (
 
 // FileSource reads rules from a YAML file (KLAXON_RULES_FILE): a mapping
 // from project id to that project's list of rules, each with the fields of
-// rules.Spec and a free-form id:
+// rules.Spec and a free-form id, or to a mapping in the shape of Hawk's
+// project document, {name: "Shop", notifications: [rules]}, which gives the
+// project the name its messages show:
 //
 //	5e3eef0679fa3700a0198a49:
 //	  - id: rule-1
@@ -102,7 +104,7 @@ func parseRulesFile(data []byte) (Specs, error) {
 	if root.Kind != yaml.MappingNode {
 		return Specs{}, fmt.Errorf("line %d: want a mapping from project id to a list of rules", root.Line)
 	}
-	specs := Specs{Projects: map[string][]rules.Spec{}}
+	specs := Specs{Projects: map[string][]rules.Spec{}, Names: map[string]string{}}
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		key, value := root.Content[i], root.Content[i+1]
 		projectID := strings.ToLower(key.Value)
@@ -116,11 +118,64 @@ func parseRulesFile(data []byte) (Specs, error) {
 				Reason: fmt.Sprintf("line %d: the project is listed again; only its first list is used", key.Line)})
 			continue
 		}
+		if value.Kind == yaml.MappingNode {
+			var name string
+			var problems []Problem
+			name, value, problems = decodeProjectMapping(projectID, value)
+			specs.Problems = append(specs.Problems, problems...)
+			if name != "" {
+				specs.Names[projectID] = name
+			}
+			if value == nil {
+				continue
+			}
+		}
 		list, problems := decodeRuleList(projectID, value)
 		specs.Problems = append(specs.Problems, problems...)
 		specs.Projects[projectID] = list // may be empty: the project is known, with no rules
 	}
 	return specs, nil
+}
+
+// decodeProjectMapping reads a project given as a mapping, the shape of
+// Hawk's project document: {name: …, notifications: [rules]}, and an _id
+// that, when there, must be the key's. It returns the name and the rules'
+// node, nil when the project is skipped.
+func decodeProjectMapping(projectID string, node *yaml.Node) (string, *yaml.Node, []Problem) {
+	var problems []Problem
+	skip := func(reason string) (string, *yaml.Node, []Problem) {
+		return "", nil, append(problems, Problem{ProjectID: projectID, Skipped: true, Reason: reason})
+	}
+	if mappingValue(node, "notifications") == nil {
+		return skip(fmt.Sprintf("line %d: want a list of rules, or a mapping with notifications (and a name)", node.Line))
+	}
+	var name string
+	var list *yaml.Node
+	for i := 0; i+1 < len(node.Content); i += 2 {
+		key, value := node.Content[i].Value, node.Content[i+1]
+		switch key {
+		case "name":
+			if value.Kind != yaml.ScalarNode || value.ShortTag() == "!!null" {
+				problems = append(problems, Problem{ProjectID: projectID,
+					Reason: fmt.Sprintf("line %d: name is not a string: ignored", value.Line)})
+				continue
+			}
+			name = value.Value
+		case "notifications":
+			list = value
+		case "_id":
+			if err := fromExtendedJSON(value); err != nil {
+				return skip(err.Error())
+			}
+			if value.Kind != yaml.ScalarNode || strings.ToLower(value.Value) != projectID {
+				return skip(fmt.Sprintf("line %d: _id is not the project id it is listed under", value.Line))
+			}
+		default:
+			problems = append(problems, Problem{ProjectID: projectID,
+				Reason: fmt.Sprintf("unknown field %q ignored", key)})
+		}
+	}
+	return name, list, problems
 }
 
 // decodeRuleList decodes one project's list of rules.

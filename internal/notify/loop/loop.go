@@ -91,7 +91,7 @@ func Text(m *notify.Message) string {
 		for i, d := range it.Details {
 			details[i] = notify.Truncate(d, maxDetail)
 		}
-		return code(notify.Truncate(it.Title, maxTitle)) + "\n" + escape(it.Summary) + "\n" + fence(details)
+		return code(notify.Truncate(it.Title, maxTitle)) + "\n" + escape(it.Summary) + link(it.URL, " · ") + "\n" + fence(details)
 	}
 	var b strings.Builder
 	b.WriteString("**" + escape(v.Header) + "**\n")
@@ -100,8 +100,8 @@ func Text(m *notify.Message) string {
 	used := utf8.RuneCountInString(b.String())
 	shown := 0
 	for _, it := range v.Items {
-		line := fmt.Sprintf("\n- %s — %s, fired at %s",
-			code(notify.Truncate(it.Title, maxDigestTitle)), escape(it.Summary), it.FiredAt)
+		line := fmt.Sprintf("\n- %s — %s, fired at %s%s",
+			code(notify.Truncate(it.Title, maxDigestTitle)), escape(it.Summary), it.FiredAt, link(it.URL, " · "))
 		if n := utf8.RuneCountInString(line); used+n <= room {
 			b.WriteString(line)
 			used += n
@@ -115,6 +115,17 @@ func Text(m *notify.Message) string {
 	}
 	b.WriteString("\n" + footer)
 	return b.String()
+}
+
+// link is a markdown link to the event after sep, or "" without a URL.
+// The URL is Klaxon's (the operator's template, its parts escaped); what
+// would end a markdown link destination is percent-encoded.
+func link(url, sep string) string {
+	if url == "" {
+		return ""
+	}
+	url = strings.NewReplacer("(", "%28", ")", "%29", " ", "%20", "<", "%3C", ">", "%3E").Replace(url)
+	return sep + "[" + notify.ViewEvent + "](" + url + ")"
 }
 
 // code shows s as typed in an inline code span. A span cannot hold a
