@@ -14,11 +14,13 @@ import (
 	"github.com/klaxonhq/klaxon/internal/notify/notifytest"
 )
 
-// A new-error rule notifies on all four channels once, whatever is
+// A new-error rule notifies on all five channels once, whatever is
 // duplicated or redelivered, and every channel carries the same id.
 func TestNewErrorNotifiesEveryChannelOnce(t *testing.T) {
 	h := newHarness(t)
-	r := rule(bson.M{"whatToReceive": "ONLY_NEW", "channels": h.allChannels()})
+	channels := h.allChannels()
+	channels["loop"] = bson.M{"isEnabled": true, "endpoint": h.loop.URL, "minPeriod": 0}
+	r := rule(bson.M{"whatToReceive": "ONLY_NEW", "channels": channels})
 	project := h.project(r)
 	h.start()
 
@@ -53,6 +55,10 @@ func TestNewErrorNotifiesEveryChannelOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	loopReqs, err := h.loop.WaitFor(2, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var a map[string]any
 	for _, b := range bodies {
 		if b["event"].(map[string]any)["groupHash"] == "grp-a" {
@@ -69,6 +75,13 @@ func TestNewErrorNotifiesEveryChannelOnce(t *testing.T) {
 	if ev := a["event"].(map[string]any); ev["title"] != title || ev["repetitionId"] != nil {
 		t.Errorf("webhook event %v", ev)
 	}
+	// What people act on: the project by name (from the rules snapshot),
+	// the rule in words, and Hawk's page of the event.
+	eventURL := "https://garage.hawk.so/project/" + project + "/event/grp-a/overview"
+	if a["version"] != "2" || a["projectName"] != "test project" || a["ruleDescription"] != "new errors" ||
+		a["event"].(map[string]any)["url"] != eventURL {
+		t.Errorf("webhook body %v: want version 2, the project's name, the rule in words and the event's URL", a)
+	}
 	if _, err := time.Parse(time.RFC3339, a["firedAt"].(string)); err != nil {
 		t.Errorf("firedAt: %v", err)
 	}
@@ -80,6 +93,25 @@ func TestNewErrorNotifiesEveryChannelOnce(t *testing.T) {
 
 	if got := countContaining(slackTexts(slackReqs), "DB &lt;down&gt; &amp;"); got != 1 {
 		t.Errorf("%d Slack messages for grp-a's escaped title, want 1: %q", got, slackTexts(slackReqs))
+	}
+	var loopTexts []string
+	for _, r := range loopReqs {
+		if r.Username != "Hawk" {
+			t.Errorf("loop username %q", r.Username)
+		}
+		loopTexts = append(loopTexts, r.Text)
+	}
+	if got := countContaining(loopTexts, "`"+title+"`"); got != 1 {
+		t.Errorf("%d Loop messages with grp-a's title in a code span, want 1: %q", got, loopTexts)
+	}
+	if got := countContaining(loopTexts, "[View event]("+eventURL+")"); got != 1 {
+		t.Errorf("%d Loop messages link to %s, want 1: %q", got, eventURL, loopTexts)
+	}
+	if got := countContaining(loopTexts, "Project test project ("+project+")"); got != 2 {
+		t.Errorf("%d Loop messages name the project, want 2: %q", got, loopTexts)
+	}
+	if got := countContaining(loopTexts, "Notification id "+id); got != 1 {
+		t.Errorf("%d Loop messages carry the webhook's id %s, want 1: %q", got, id, loopTexts)
 	}
 	var tgTexts []string
 	for _, r := range tgReqs {
@@ -105,6 +137,9 @@ func TestNewErrorNotifiesEveryChannelOnce(t *testing.T) {
 			continue
 		}
 		found = true
+		if !strings.HasPrefix(subject, "[Klaxon] [test project] ") {
+			t.Errorf("email subject %q does not name the project", subject)
+		}
 		if got := msg.Header.Get("X-Klaxon-Notification-Id"); got != id {
 			t.Errorf("email notification id %q, webhook's %q", got, id)
 		}
@@ -125,10 +160,12 @@ func TestNewErrorNotifiesEveryChannelOnce(t *testing.T) {
 
 	// Exactly two of each: grp-a once, grp-b once.
 	waitQuiet(t, func() int {
-		return len(h.webhook.Requests()) + len(h.slack.Requests()) + len(h.telegram.Requests()) + len(h.smtp.Messages())
-	}, 8)
-	if logs := h.logs.String(); strings.Contains(logs, telegramToken) || strings.Contains(logs, h.webhook.Path) || strings.Contains(logs, h.slack.Token) {
-		t.Error("a secret (Telegram token, webhook or Slack URL) is in the logs")
+		return len(h.webhook.Requests()) + len(h.slack.Requests()) + len(h.telegram.Requests()) + len(h.smtp.Messages()) +
+			len(h.loop.Requests())
+	}, 10)
+	if logs := h.logs.String(); strings.Contains(logs, telegramToken) || strings.Contains(logs, h.webhook.Path) ||
+		strings.Contains(logs, h.slack.Token) || strings.Contains(logs, h.loop.Token) {
+		t.Error("a secret (Telegram token, webhook, Slack or Loop URL) is in the logs")
 	}
 }
 

@@ -660,7 +660,10 @@ func TestMinPeriodDigest(t *testing.T) {
 	h := newHarness(t)
 	project := h.project(rule(bson.M{"whatToReceive": "ONLY_NEW", "channels": bson.M{
 		"webhook": bson.M{"isEnabled": true, "endpoint": h.webhook.URL, "minPeriod": 2},
+		"loop":    bson.M{"isEnabled": true, "endpoint": h.loop.URL, "minPeriod": 2},
 	}}))
+	// Loop's digest is refused once: it is retried, not lost or repeated.
+	h.loop.Fail(notifytest.Failure{Status: 200}, notifytest.Failure{Status: 502})
 	w := h.start()
 	var msgs []message
 	for i := range 5 {
@@ -704,6 +707,21 @@ func TestMinPeriodDigest(t *testing.T) {
 	if v := w.metric(t, "klaxon_notifications_total", "channel", "webhook", "outcome", "digested"); v != 4 {
 		t.Errorf("digested = %v, want 4", v)
 	}
+
+	// Loop, the same: one message, then one digest of the other four.
+	loopReqs, err := h.loop.WaitFor(3, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitQuiet(t, func() int { return len(h.loop.Requests()) }, 3)
+	if loopReqs[1].Status != 502 || loopReqs[2].Status != 200 || loopReqs[1].Text != loopReqs[2].Text {
+		t.Errorf("loop answers %d, %d: want the digest refused, then the same digest accepted", loopReqs[1].Status, loopReqs[2].Status)
+	}
+	if !strings.Contains(loopReqs[0].Text, "Notification id ") || !strings.Contains(loopReqs[2].Text, "**4 notifications for rule") {
+		t.Errorf("loop messages %q, %q: want one notification, then a digest of 4", loopReqs[0].Text, loopReqs[2].Text)
+	}
+	w.waitMetric(t, 10*time.Second, "loop sent == 2", func(v float64) bool { return v == 2 },
+		"klaxon_notifications_total", "channel", "loop", "outcome", "sent")
 }
 
 // MongoDB unreachable after the rules loaded: the worker goes on with the

@@ -36,6 +36,7 @@ type harness struct {
 	db       *mongo.Database
 	webhook  *notifytest.WebhookSink
 	slack    *notifytest.SlackServer
+	loop     *notifytest.LoopServer
 	telegram *notifytest.TelegramServer
 	smtp     *notifytest.SMTPServer
 	logs     *syncBuffer
@@ -50,6 +51,7 @@ func newHarness(t *testing.T) *harness {
 		prefix:   testenv.KeyPrefix(t),
 		webhook:  notifytest.NewWebhookSink(t),
 		slack:    notifytest.NewSlackServer(t),
+		loop:     notifytest.NewLoopServer(t),
 		telegram: notifytest.NewTelegramServer(t, telegramToken),
 		smtp:     notifytest.NewSMTPServer(t, notifytest.SMTPOptions{}),
 		logs:     &syncBuffer{},
@@ -79,6 +81,7 @@ func newHarness(t *testing.T) *harness {
 		"KLAXON_ALLOW_PRIVATE_NETWORKS": "127.0.0.0/8,::1/128",
 		"KLAXON_SLACK_HOSTS":            "127.0.0.1",
 		"KLAXON_TELEGRAM_HOOK_HOSTS":    "127.0.0.1",
+		"KLAXON_LOOP_HOSTS":             "127.0.0.1/hooks/",
 	}
 	var queues []string
 	for _, q := range []string{"deliveries", "failed"} {

@@ -1,6 +1,6 @@
 // Command klaxon is the Klaxon worker: it consumes Hawk's error events from
 // RabbitMQ, counts them against each project's notification rules in Redis,
-// and notifies by email, Telegram, Slack or webhook when a rule fires.
+// and notifies by email, Telegram, Slack, Loop or webhook when a rule fires.
 //
 // The data path, in the order main wires it:
 //
@@ -115,6 +115,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			Publisher:     pub,
 			DeadQueue:     cfg.DeadQueue(),
 			DeliveryQueue: deliveryQueue(cfg),
+			EventURL:      cfg.EventURL,
 			Log:           log.With("stage", "evaluator"),
 			Metrics:       m,
 		}

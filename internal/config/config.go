@@ -60,6 +60,7 @@ const (
 	EnvAllowPorts           = "KLAXON_ALLOW_PORTS"
 	EnvSlackHosts           = "KLAXON_SLACK_HOSTS"
 	EnvTelegramHookHosts    = "KLAXON_TELEGRAM_HOOK_HOSTS"
+	EnvLoopHosts            = "KLAXON_LOOP_HOSTS"
 	// Bounds on what one project's firings and messages may take.
 	EnvDigestMaxFirings = "KLAXON_DIGEST_MAX_FIRINGS"
 	EnvDigestMaxBytes   = "KLAXON_DIGEST_MAX_BYTES"
@@ -74,6 +75,7 @@ const (
 	EnvMaxFilterBytes       = "KLAXON_MAX_FILTER_BYTES"
 	EnvMaxMatchedTitle      = "KLAXON_MAX_MATCHED_TITLE_BYTES"
 	EnvMaxEmailRecipients   = "KLAXON_MAX_EMAIL_RECIPIENTS"
+	EnvEventURL             = "KLAXON_EVENT_URL"
 )
 
 // Hawk's names for the same settings, and the defaults.
@@ -102,10 +104,18 @@ const (
 	defaultAllowPorts    = "80,443"
 	defaultSlackHosts    = "hooks.slack.com/services/"
 	defaultTelegramHooks = "notify.bot.codex.so"
+	// Loop is installed on each customer's own servers: no host is
+	// everyone's. Operators narrow it to theirs.
+	defaultLoopHosts     = "*"
 	defaultDigestFirings = 500
 	defaultDigestBytes   = 1 << 20
 	defaultDeadMessages  = 100_000
 	defaultDeadBytes     = 256 << 20
+	// Hawk's own page of an event group, as Hawk's senders link to it.
+	defaultEventURL = "https://garage.hawk.so/project/{projectId}/event/{groupHash}/overview"
+	// noEventURL leaves the link out: an empty value takes the default,
+	// as for every variable.
+	noEventURL = "none"
 )
 
 // Variable describes one environment variable Load reads.
@@ -148,6 +158,7 @@ func Variables() []Variable {
 		{EnvAllowPorts, "", defaultAllowPorts, false, "ports endpoints from rules may reach on public addresses"},
 		{EnvSlackHosts, "", defaultSlackHosts, false, "host[/path-prefix] patterns a Slack endpoint must match"},
 		{EnvTelegramHookHosts, "", defaultTelegramHooks, false, "host[/path-prefix] patterns a Telegram hook URL must match"},
+		{EnvLoopHosts, "", defaultLoopHosts, false, "host[/path-prefix] patterns a Loop endpoint must match"},
 		{EnvDigestMaxFirings, "", strconv.Itoa(defaultDigestFirings), false, "most firings one digest lists (1-10000); the rest are counted as omitted"},
 		{EnvDigestMaxBytes, "", "1MiB", false, "most bytes of firings one digest gathers (1KiB-16MiB); the rest are counted as omitted"},
 		{EnvDeadMaxMessages, "", strconv.Itoa(defaultDeadMessages), false, "most messages <queue>.dead and <prefix>.failed keep each; the oldest go first"},
@@ -160,6 +171,7 @@ func Variables() []Variable {
 		{EnvMaxFilterBytes, "", strconv.Itoa(rules.DefaultFilterBytes), false, "bytes a rule's filter words may add up to"},
 		{EnvMaxMatchedTitle, "", strconv.Itoa(rules.DefaultMatchedTitleBytes), false, "bytes at the start of an event title that filters search"},
 		{EnvMaxEmailRecipients, "", strconv.Itoa(rules.DefaultEmailRecipients), false, "addresses an email endpoint may name"},
+		{EnvEventURL, "", defaultEventURL, false, "link to an event in messages, with {projectId} and {groupHash}; none leaves it out"},
 	}
 }
 
@@ -201,6 +213,7 @@ type Config struct {
 	AllowPorts           string // KLAXON_ALLOW_PORTS, e.g. "80,443"
 	SlackHosts           string // KLAXON_SLACK_HOSTS
 	TelegramHookHosts    string // KLAXON_TELEGRAM_HOOK_HOSTS
+	LoopHosts            string // KLAXON_LOOP_HOSTS
 	// DigestMaxFirings and DigestMaxBytes bound a (rule, channel)'s
 	// digest (KLAXON_DIGEST_MAX_FIRINGS, KLAXON_DIGEST_MAX_BYTES).
 	DigestMaxFirings int
@@ -213,6 +226,9 @@ type Config struct {
 	// (KLAXON_TELEGRAM_ALLOWED_CHATS), comma-separated without spaces;
 	// empty means any. A string keeps Config comparable.
 	TelegramAllowedChats string
+	// EventURL is the template of a link to an event in messages, with
+	// {projectId} and {groupHash} (KLAXON_EVENT_URL); "" leaves it out.
+	EventURL string
 	// Limits bound each project's rules (KLAXON_MAX_*).
 	Limits rules.Limits
 }
@@ -318,6 +334,23 @@ func (l *loader) lookup(name, alias string, raw bool) setting {
 	return setting{name: name}
 }
 
+// eventURL reads KLAXON_EVENT_URL: an absolute http(s) URL once its
+// placeholders are filled in, or "none".
+func (l *loader) eventURL() string {
+	s := l.lookup(EnvEventURL, "", false)
+	switch {
+	case !s.set():
+		return defaultEventURL
+	case strings.EqualFold(s.value, noEventURL):
+		return ""
+	}
+	filled := strings.NewReplacer("{projectId}", "5e3eef0679fa3700a0198a49", "{groupHash}", "0").Replace(s.value)
+	if u, err := url.Parse(filled); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		l.fail(s, fmt.Sprintf("%q is not an absolute http(s) URL (with {projectId} and {groupHash}), or none", s.value))
+	}
+	return s.value
+}
+
 // fail records that s is invalid. The reason is reduced to one line and
 // scrubbed of every known secret, whatever a library put into it.
 func (l *loader) fail(s setting, reason string) {
@@ -370,6 +403,7 @@ func Load(getenv func(string) string) (Config, error) {
 	c.DeadMaxMessages = l.count(EnvDeadMaxMessages, defaultDeadMessages, 1, 100_000_000)
 	c.DeadMaxBytes = l.size(EnvDeadMaxBytes, defaultDeadBytes, 1<<20, 1<<40)
 	c.TelegramAllowedChats = l.chats()
+	c.EventURL = l.eventURL()
 	c.Limits = rules.Limits{
 		RulesPerProject:   l.count(EnvMaxRules, rules.DefaultRulesPerProject, 1, 1_000_000),
 		WindowsPerRule:    l.count(EnvMaxWindows, rules.MaxWindowsPerRule, 1, rules.MaxWindowsPerRule),

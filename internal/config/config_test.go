@@ -47,6 +47,8 @@ func TestLoadDefaults(t *testing.T) {
 		AllowPorts:        "80,443",
 		SlackHosts:        "hooks.slack.com/services/",
 		TelegramHookHosts: "notify.bot.codex.so",
+		LoopHosts:         "*",
+		EventURL:          "https://garage.hawk.so/project/{projectId}/event/{groupHash}/overview",
 
 		DigestMaxFirings: 500,
 		DigestMaxBytes:   1 << 20,

@@ -34,6 +34,7 @@ func (l *loader) endpoints(c *Config) {
 
 	c.SlackHosts = l.patterns(EnvSlackHosts, defaultSlackHosts)
 	c.TelegramHookHosts = l.patterns(EnvTelegramHookHosts, defaultTelegramHooks)
+	c.LoopHosts = l.patterns(EnvLoopHosts, defaultLoopHosts)
 }
 
 func (l *loader) patterns(name, def string) string {
@@ -132,6 +133,11 @@ func (c Config) SlackPatterns() []netguard.Pattern {
 // (KLAXON_TELEGRAM_HOOK_HOSTS).
 func (c Config) TelegramHookPatterns() []netguard.Pattern {
 	return mustPatterns(c.TelegramHookHosts, defaultTelegramHooks)
+}
+
+// LoopPatterns are the hosts a Loop endpoint must match (KLAXON_LOOP_HOSTS).
+func (c Config) LoopPatterns() []netguard.Pattern {
+	return mustPatterns(c.LoopHosts, defaultLoopHosts)
 }
 
 func mustPatterns(v, def string) []netguard.Pattern {

@@ -13,6 +13,7 @@ func TestLoadEndpointSettings(t *testing.T) {
 		EnvAllowPorts:           "443, 8443,443",
 		EnvSlackHosts:           "hooks.slack.com/services/, 127.0.0.1",
 		EnvTelegramHookHosts:    "*",
+		EnvLoopHosts:            "loop.example.com/hooks/, *.loop.ru",
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -28,6 +29,9 @@ func TestLoadEndpointSettings(t *testing.T) {
 	if got := c.SlackPatterns(); len(got) != 2 || got[1].Host != "127.0.0.1" {
 		t.Errorf("slack patterns %v", got)
 	}
+	if got := c.LoopPatterns(); len(got) != 2 || got[0].String() != "loop.example.com/hooks/" || got[1].Host != "*.loop.ru" {
+		t.Errorf("loop patterns %v", got)
+	}
 
 	def, _ := Load(env(nil))
 	if p := def.EndpointPolicy(); p.Allow != nil || len(p.Ports) != 2 {
@@ -35,6 +39,9 @@ func TestLoadEndpointSettings(t *testing.T) {
 	}
 	if got := def.TelegramHookPatterns(); len(got) != 1 || got[0].String() != "notify.bot.codex.so" {
 		t.Errorf("default telegram hook patterns %v", got)
+	}
+	if got := def.LoopPatterns(); len(got) != 1 || got[0].Host != "*" {
+		t.Errorf("default loop patterns %v", got)
 	}
 }
 
@@ -49,6 +56,7 @@ func TestLoadEndpointSettingsInvalid(t *testing.T) {
 		{EnvAllowPorts, ",", "names no port"},
 		{EnvSlackHosts, "https://hooks.slack.com/services/", "without a scheme"},
 		{EnvTelegramHookHosts, ", ,", "no pattern"},
+		{EnvLoopHosts, "https://loop.example.com/", "without a scheme"},
 	}
 	for _, tt := range tests {
 		_, err := Load(env(map[string]string{tt.name: tt.value}))
@@ -56,6 +64,30 @@ func TestLoadEndpointSettingsInvalid(t *testing.T) {
 		if !errors.As(err, &ce) || ce.Var != tt.name || !strings.Contains(err.Error(), tt.want) ||
 			strings.Contains(err.Error(), "\n") {
 			t.Errorf("%s=%q: %v, want %q", tt.name, tt.value, err, tt.want)
+		}
+	}
+}
+
+// KLAXON_EVENT_URL links messages to the tracker: Hawk's own page by
+// default, any http(s) template, or none (an empty value is unset, as for
+// every variable, and takes the default).
+func TestLoadEventURL(t *testing.T) {
+	for value, want := range map[string]string{
+		"":     "https://garage.hawk.so/project/{projectId}/event/{groupHash}/overview",
+		"none": "",
+		"NONE": "",
+		"https://hawk.example.com/project/{projectId}/event/{groupHash}": "https://hawk.example.com/project/{projectId}/event/{groupHash}",
+	} {
+		c, err := Load(env(map[string]string{EnvEventURL: value}))
+		if err != nil || c.EventURL != want {
+			t.Errorf("%q: %q, %v; want %q", value, c.EventURL, err, want)
+		}
+	}
+	for _, bad := range []string{"garage.hawk.so/project/{projectId}", "ftp://x/{groupHash}", "https://"} {
+		_, err := Load(env(map[string]string{EnvEventURL: bad}))
+		var ce *Error
+		if !errors.As(err, &ce) || ce.Var != EnvEventURL {
+			t.Errorf("%q: %v, want an error naming %s", bad, err, EnvEventURL)
 		}
 	}
 }

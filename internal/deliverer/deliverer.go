@@ -56,11 +56,12 @@ type Limiter interface {
 // DefaultLimits are the providers' own rate limits per destination, so that
 // a storm of firings is paced instead of refused: Telegram allows a chat
 // about one message a second and a group twenty a minute; Slack an incoming
-// webhook one a second.
+// webhook one a second, and Loop, Slack-compatible, is paced alike.
 func DefaultLimits() map[string][]counter.Limit {
 	return map[string][]counter.Limit{
 		rules.Telegram: {counter.PerSecond(1), counter.PerMinute(20)},
 		rules.Slack:    {counter.PerSecond(1)},
+		rules.Loop:     {counter.PerSecond(1)},
 	}
 }
 

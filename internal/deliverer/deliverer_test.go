@@ -533,7 +533,7 @@ func TestDecodeJobRefusesBadJobs(t *testing.T) {
 	for body, want := range map[string]string{
 		`{`: "not JSON",
 		`{"channel":"slack","endpoint":"https://x/","projectId":"p"}`:                                      "lacks",
-		`{"channel":"pager-` + strings.Repeat("x", 100) + `","endpoint":"e","projectId":"p","ruleId":"r"}`: "is not one of [email telegram slack webhook]",
+		`{"channel":"pager-` + strings.Repeat("x", 100) + `","endpoint":"e","projectId":"p","ruleId":"r"}`: "is not one of [email telegram slack webhook loop]",
 		`{"channel":"slack","endpoint":"e","projectId":"p","ruleId":"r","notification":{}}`:                "no id",
 	} {
 		_, err := DecodeJob([]byte(body))

@@ -60,8 +60,12 @@ type Evaluator struct {
 	DeadQueue string
 	// DeliveryQueue receives one job per firing and channel.
 	DeliveryQueue string
-	Log           *slog.Logger
-	Metrics       *metrics.Metrics
+	// EventURL is the template of the link to an event that messages
+	// carry, with {projectId} and {groupHash} (KLAXON_EVENT_URL); "" for
+	// none.
+	EventURL string
+	Log      *slog.Logger
+	Metrics  *metrics.Metrics
 }
 
 // Handle processes a batch; returning nil acks all of it. Dead letters and
@@ -234,6 +238,7 @@ func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result
 			continue
 		}
 		n := Notification(ev, m, o)
+		n.Event.URL = EventURL(e.EventURL, ev.ProjectID, ev.GroupHash)
 		for _, c := range o.Rule.Channels {
 			job := deliverer.Job{
 				Channel: c.Name, Endpoint: c.Endpoint, MinPeriod: c.MinPeriod.Milliseconds(),
@@ -258,9 +263,11 @@ func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result
 func Notification(ev *counter.Event, m *event.Message, o *counter.Outcome) notify.Notification {
 	r := o.Rule
 	n := notify.Notification{
-		ID:        o.ID,
-		ProjectID: ev.ProjectID,
-		RuleID:    r.ID,
+		ID:              o.ID,
+		ProjectID:       ev.ProjectID,
+		ProjectName:     r.ProjectName, // from the rules snapshot: no lookup per event
+		RuleID:          r.ID,
+		RuleDescription: r.Description,
 		Event: notify.Event{
 			Title:        m.Event.ShortTitle(), // rules matched it whole
 			GroupHash:    m.Event.GroupHash,
@@ -288,6 +295,30 @@ func Notification(ev *counter.Event, m *event.Message, o *counter.Outcome) notif
 	fired := n.Windows[o.Window]
 	n.Count, n.Threshold, n.Period = fired.Count, fired.Threshold, fired.Period
 	return n
+}
+
+// EventURL fills the template's {projectId} and {groupHash}; "" for an
+// empty template. The group hash comes from the event: every byte but
+// RFC 3986's unreserved ones is percent-encoded, so it stays one path
+// segment or query value, and cannot end a link in any channel's markup.
+func EventURL(template, projectID, groupHash string) string {
+	if template == "" {
+		return ""
+	}
+	return strings.NewReplacer("{projectId}", escapeAll(projectID), "{groupHash}", escapeAll(groupHash)).Replace(template)
+}
+
+func escapeAll(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '.' || c == '_' || c == '~' {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, "%%%02X", c)
+		}
+	}
+	return b.String()
 }
 
 // maxID is the longest message-id or repetitionId taken as an identity; a

@@ -1,5 +1,5 @@
-// Package notify turns firings into messages on email, Telegram, Slack and
-// webhooks. The types here are the contract between the evaluator, which
+// Package notify turns firings into messages on email, Telegram, Slack, Loop
+// and webhooks. The types here are the contract between the evaluator, which
 // creates notifications, and the channels, which deliver them.
 package notify
 
@@ -15,14 +15,28 @@ const (
 	TypeDigest    = "digest"
 )
 
+// BodyVersion is the "version" of webhook bodies. Version 2 added
+// projectName, ruleDescription and event.url to version 1 (bodies without
+// "version"); versions only add fields, so a receiver of an older one
+// keeps working.
+const BodyVersion = "2"
+
 // Notification is one firing of a rule for a group of events. Its JSON form
 // is the webhook body of CONTRACT §5.
 type Notification struct {
+	// Version is BodyVersion in a webhook body; empty elsewhere (delivery
+	// jobs, and the notifications a digest lists).
+	Version   string `json:"version,omitempty"`
 	ID        string `json:"id"`   // deterministic; the same for every channel
 	Type      string `json:"type"` // TypeNew or TypeThreshold
 	ProjectID string `json:"projectId"`
-	RuleID    string `json:"ruleId"`
-	Event     Event  `json:"event"`
+	// ProjectName is the project's name, "" when the rules store has none.
+	ProjectName string `json:"projectName"`
+	RuleID      string `json:"ruleId"`
+	// RuleDescription is the rule in words: "100 events in 1 minute,
+	// title containing "database"".
+	RuleDescription string `json:"ruleDescription"`
+	Event           Event  `json:"event"`
 	// Count, Threshold and Period (ms) are those of the window that fired;
 	// a TypeNew notification has Count 1 and no window.
 	Count     int64          `json:"count"`
@@ -38,6 +52,9 @@ type Event struct {
 	Title        string  `json:"title"`
 	GroupHash    string  `json:"groupHash"`
 	RepetitionID *string `json:"repetitionId"`
+	// URL is the event's page in the tracker (KLAXON_EVENT_URL), "" when
+	// not configured.
+	URL string `json:"url"`
 }
 
 // WindowStatus is one window of the rule at the moment it fired.
@@ -65,9 +82,11 @@ type Message struct {
 
 // Digest is the webhook body of a digest message (CONTRACT §5).
 type Digest struct {
-	Type          string         `json:"type"` // TypeDigest
+	Version       string         `json:"version"` // BodyVersion
+	Type          string         `json:"type"`    // TypeDigest
 	ID            string         `json:"id"`
 	ProjectID     string         `json:"projectId"`
+	ProjectName   string         `json:"projectName"`
 	RuleID        string         `json:"ruleId"`
 	Notifications []Notification `json:"notifications"`
 	// Omitted is how many more firings the digest stands for but does not

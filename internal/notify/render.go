@@ -16,12 +16,14 @@ import (
 //
 // A single threshold notification reads:
 //
-//	Subject: TypeError: x is undefined — 150 events in the last 1 minute
+//	Subject: [Shop] TypeError: x is undefined — 150 events in the last 1 minute
 //	Items[0].Title:   TypeError: x is undefined
 //	Items[0].Summary: 150 events in the last 1 minute (threshold 100)
+//	Items[0].URL:     https://garage.hawk.so/project/5e3e…/event/11da…/overview
 //	Items[0].Details: 1 minute window: 150 of 100 events (fired), resets at 2025-01-02T03:05:05Z
+//	                  Rule: 100 events in 1 minute, title containing "typeerror"
 //	                  Fired at 2025-01-02T03:04:05Z
-//	                  Project 5e3e…, rule 64ab…, group 11da…
+//	                  Project Shop (5e3e…), rule 64ab…, group 11da…
 //	                  Notification id 9f1c…
 type View struct {
 	// Subject is one line saying what happened, for an email subject or a
@@ -43,15 +45,26 @@ type View struct {
 
 // Item is one firing in a View.
 type Item struct {
-	Title   string   // the event title on one line, not shortened
-	Summary string   // "150 events in the last 1 minute (threshold 100)" or "New event, seen for the first time"
+	Title   string // the event title on one line, not shortened
+	Summary string // "150 events in the last 1 minute (threshold 100)" or "New event, seen for the first time"
+	// URL is the event's page in the tracker, "" when not configured.
+	// Channels with links show it as one ("View event"); it is made by
+	// Klaxon from the operator's template, so it is safe in a link.
+	URL     string
 	FiredAt string   // RFC 3339, UTC
-	Details []string // one fact per line: windows, times, ids
+	Details []string // one fact per line: windows, rule, times, ids
 }
+
+// ViewEvent is the text of a link to the event.
+const ViewEvent = "View event"
 
 // Line is the item on one line, as a digest lists it.
 func (it Item) Line() string {
-	return fmt.Sprintf("%s — %s, fired at %s", it.Title, it.Summary, it.FiredAt)
+	s := fmt.Sprintf("%s — %s, fired at %s", it.Title, it.Summary, it.FiredAt)
+	if it.URL != "" {
+		s += " — " + it.URL
+	}
+	return s
 }
 
 // Lines is the whole view as plain text lines: for a single notification the
@@ -60,7 +73,11 @@ func (it Item) Line() string {
 func (v View) Lines() []string {
 	if v.Header == "" && len(v.Items) == 1 {
 		it := v.Items[0]
-		return append([]string{it.Title, it.Summary, ""}, it.Details...)
+		lines := []string{it.Title, it.Summary}
+		if it.URL != "" {
+			lines = append(lines, ViewEvent+": "+it.URL)
+		}
+		return append(append(lines, ""), it.Details...)
 	}
 	lines := []string{v.Header, ""}
 	for _, it := range v.Items {
@@ -121,15 +138,28 @@ func Render(m *Message) View {
 	for _, n := range m.Notifications {
 		v.Items = append(v.Items, renderItem(n))
 	}
+	var name string
+	if len(m.Notifications) > 0 {
+		name = OneLine(m.Notifications[0].ProjectName)
+	}
 	if !m.Digest && len(v.Items) == 1 {
 		it, n := v.Items[0], m.Notifications[0]
 		v.Subject = Truncate(it.Title, SubjectTitle) + " — " + ShortSummary(n)
+		if name != "" {
+			v.Subject = "[" + Truncate(name, projectInSubject) + "] " + v.Subject
+		}
 		return v
 	}
 	v.Omitted = max(m.Omitted, 0)
 	total := int64(len(m.Notifications)) + v.Omitted
-	v.Header = fmt.Sprintf("%s for rule %s in project %s", plural(total, "notification"), m.RuleID, m.ProjectID)
+	v.Header = fmt.Sprintf("%s for rule %s in project %s", plural(total, "notification"), m.RuleID, project(name, m.ProjectID))
+	if d := m.Notifications[0].RuleDescription; d != "" {
+		v.Header += ": " + Truncate(OneLine(d), maxRuleText)
+	}
 	v.Subject = fmt.Sprintf("%s for rule %s", plural(total, "notification"), m.RuleID)
+	if name != "" {
+		v.Subject = "[" + Truncate(name, projectInSubject) + "] " + v.Subject
+	}
 	if len(v.Items) > 0 {
 		v.Subject += ": " + Truncate(v.Items[0].Title, SubjectTitle)
 		if more := total - 1; more > 0 {
@@ -140,10 +170,26 @@ func Render(m *Message) View {
 	return v
 }
 
+// How much of a project name a subject repeats, and of a rule's
+// description a message shows.
+const (
+	projectInSubject = 40
+	maxRuleText      = 300
+)
+
+// project names a project for people: "Shop (5e3e…)", or its id alone.
+func project(name, id string) string {
+	if name == "" {
+		return id
+	}
+	return name + " (" + id + ")"
+}
+
 func renderItem(n Notification) Item {
 	it := Item{
 		Title:   OneLine(n.Event.Title),
 		Summary: summary(n),
+		URL:     OneLine(n.Event.URL),
 		FiredAt: rfc3339(n.FiredAt),
 	}
 	if it.Title == "" {
@@ -165,8 +211,11 @@ func renderItem(n Notification) Item {
 			it.Details = append(it.Details, line)
 		}
 	}
+	if n.RuleDescription != "" {
+		it.Details = append(it.Details, "Rule: "+Truncate(OneLine(n.RuleDescription), maxRuleText))
+	}
 	it.Details = append(it.Details, "Fired at "+it.FiredAt)
-	ids := fmt.Sprintf("Project %s, rule %s, group %s", n.ProjectID, n.RuleID, n.Event.GroupHash)
+	ids := fmt.Sprintf("Project %s, rule %s, group %s", project(OneLine(n.ProjectName), n.ProjectID), n.RuleID, n.Event.GroupHash)
 	if n.Event.RepetitionID != nil && *n.Event.RepetitionID != "" {
 		ids += ", repetition " + *n.Event.RepetitionID
 	}

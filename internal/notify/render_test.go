@@ -220,3 +220,37 @@ func TestFormatCharactersAreDropped(t *testing.T) {
 		t.Errorf("ids line lost its content:\n%s", v.Text())
 	}
 }
+
+// A message people can act on names the project, says the rule in words
+// and links to the event, in a single message and in a digest.
+func TestRenderProjectRuleAndLink(t *testing.T) {
+	n := thresholdNotification()
+	n.ProjectName, n.RuleDescription = "Shop\nfront", `100 events in 1 minute, title containing "typeerror"`
+	n.Event.URL = "https://garage.hawk.so/project/5e3eef0679fa3700a0198a49/event/11dabb/overview"
+	v := notify.Render(&notify.Message{ID: n.ID, ProjectID: n.ProjectID, RuleID: n.RuleID, Notifications: []notify.Notification{n}})
+	if !strings.HasPrefix(v.Subject, "[Shop front] TypeError") || v.Items[0].URL != n.Event.URL {
+		t.Errorf("subject %q, URL %q", v.Subject, v.Items[0].URL)
+	}
+	text := v.Text()
+	for _, want := range []string{"View event: " + n.Event.URL, `Rule: 100 events in 1 minute, title containing "typeerror"`,
+		"Project Shop front (5e3eef0679fa3700a0198a49), rule"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("text lacks %q:\n%s", want, text)
+		}
+	}
+
+	d := notify.Render(&notify.Message{ID: "d", ProjectID: n.ProjectID, RuleID: n.RuleID, Digest: true,
+		Notifications: []notify.Notification{n, n}})
+	if want := `2 notifications for rule 64ab00000000000000000001 in project Shop front (5e3eef0679fa3700a0198a49): 100 events in 1 minute`; !strings.HasPrefix(d.Header, want) {
+		t.Errorf("digest header %q, want it to start %q", d.Header, want)
+	}
+	if !strings.HasSuffix(d.Items[0].Line(), " — "+n.Event.URL) || !strings.HasPrefix(d.Subject, "[Shop front] ") {
+		t.Errorf("digest line %q, subject %q", d.Items[0].Line(), d.Subject)
+	}
+
+	// Without a name, a description or a URL, nothing is left dangling.
+	plain := notify.Render(&notify.Message{ID: "n", Notifications: []notify.Notification{thresholdNotification()}})
+	if text := plain.Text(); strings.Contains(text, "View event") || strings.Contains(text, "Rule:") || strings.HasPrefix(plain.Subject, "[") {
+		t.Errorf("plain message:\n%s", text)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -32,10 +33,11 @@ const (
 	Telegram = "telegram"
 	Slack    = "slack"
 	Webhook  = "webhook"
+	Loop     = "loop" // Hawk's Loop messenger: a Slack-compatible incoming webhook
 )
 
 // ChannelNames lists every channel a rule may use, in a stable order.
-var ChannelNames = [...]string{Email, Telegram, Slack, Webhook}
+var ChannelNames = [...]string{Email, Telegram, Slack, Webhook, Loop}
 
 // NewGroupCooldown is how long an ONLY_NEW rule stays quiet for a group after
 // it fired for it.
@@ -74,11 +76,18 @@ type ChannelSpec struct {
 // Rule is a validated, enabled rule ready for matching and counting.
 type Rule struct {
 	ProjectID string
-	ID        string
-	OnlyNew   bool
-	including []string // lower-cased
-	excluding []string // lower-cased
-	filterKey string
+	// ProjectName is the project's name (Hawk's projects.name, or the
+	// rules file's name), for messages; "" when unknown. The rule store
+	// sets it, so that no event needs a lookup.
+	ProjectName string
+	ID          string
+	OnlyNew     bool
+	// Description is the rule in words, for messages: "100 events in
+	// 1 minute, title containing "database", not "staging"".
+	Description string
+	including   []string // lower-cased
+	excluding   []string // lower-cased
+	filterKey   string
 	// titleBytes is how much of a title the filters search (Limits).
 	titleBytes int
 	// Windows are the sliding windows of a SEEN_MORE rule; empty for ONLY_NEW.
@@ -245,7 +254,7 @@ func (l Limits) Compile(projectID string, s Spec) (*Rule, []string, error) {
 		})
 	}
 	for _, name := range slices.Sorted(maps.Keys(s.Channels)) {
-		// Hawk's rules carry channels Klaxon does not have (loop, webPush,
+		// Hawk's rules carry channels Klaxon does not have (webPush,
 		// desktopPush), usually disabled: only an enabled one loses messages.
 		if !knownChannel(name) && s.Channels[name].IsEnabled {
 			warnings = append(warnings, fmt.Sprintf("channel %q is not supported: ignored", name))
@@ -255,7 +264,59 @@ func (l Limits) Compile(projectID string, s Spec) (*Rule, []string, error) {
 		warnings = append(warnings, "no enabled channel: the rule counts but notifies nobody")
 	}
 	r.Version = version(r)
+	r.Description = describe(r)
 	return r, warnings, nil
+}
+
+// describe says what the rule reacts to, in words: its windows (or "new
+// errors"), then its title filters.
+func describe(r *Rule) string {
+	var b strings.Builder
+	if r.OnlyNew {
+		b.WriteString("new errors")
+	} else {
+		noun := "events"
+		if r.Users {
+			noun = "affected users"
+		}
+		for i, w := range r.Windows {
+			if i > 0 {
+				b.WriteString(" or ")
+			}
+			fmt.Fprintf(&b, "%d %s in %s", w.Threshold, noun, words(w.Period))
+		}
+	}
+	quote := func(ws []string) string {
+		q := make([]string, len(ws))
+		for i, w := range ws {
+			q[i] = strconv.Quote(w)
+		}
+		return strings.Join(q, " or ")
+	}
+	if len(r.including) > 0 {
+		b.WriteString(", title containing " + quote(r.including))
+	}
+	if len(r.excluding) > 0 {
+		b.WriteString(", not " + quote(r.excluding))
+	}
+	return b.String()
+}
+
+// words says a window's period as people set them ("1 minute", "1 day",
+// "90 seconds"): in its largest whole unit.
+func words(d time.Duration) string {
+	for _, u := range []struct {
+		size time.Duration
+		name string
+	}{{7 * 24 * time.Hour, "week"}, {24 * time.Hour, "day"}, {time.Hour, "hour"}, {time.Minute, "minute"}, {time.Second, "second"}} {
+		if d%u.size == 0 {
+			if n := d / u.size; n != 1 {
+				return fmt.Sprintf("%d %ss", n, u.name)
+			}
+			return "1 " + u.name
+		}
+	}
+	return d.String()
 }
 
 func compileWindows(s Spec, maxWindows int) ([]Window, []string, error) {

@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -131,14 +132,14 @@ func hawkDefaultChannels() map[string]ChannelSpec {
 		Email:         {IsEnabled: true, Endpoint: "owner@example.com", MinPeriod: 60},
 		Telegram:      {IsEnabled: false, Endpoint: "", MinPeriod: 60},
 		Slack:         {IsEnabled: false, Endpoint: "", MinPeriod: 60},
-		"loop":        {IsEnabled: false, Endpoint: "", MinPeriod: 60},
+		Loop:          {IsEnabled: false, Endpoint: "", MinPeriod: 60},
 		"webPush":     {IsEnabled: false, Endpoint: "", MinPeriod: 60},
 		"desktopPush": {IsEnabled: false, Endpoint: "", MinPeriod: 60},
 	}
 }
 
 // Hawk's own default rule loads quietly: its disabled channels that Klaxon
-// does not have (loop, pushes) are not worth a warning on every project.
+// does not have (pushes) are not worth a warning on every project.
 func TestHawkDefaultRuleLoadsWithoutWarnings(t *testing.T) {
 	r, warnings, err := Compile("p", Spec{ID: "r", IsEnabled: true, WhatToReceive: SeenMore,
 		Threshold: 20, ThresholdPeriod: 3_600_000, Including: []string{}, Excluding: []string{}, Channels: hawkDefaultChannels()})
@@ -154,13 +155,29 @@ func TestHawkDefaultRuleLoadsWithoutWarnings(t *testing.T) {
 // messages will not be sent.
 func TestEnabledUnsupportedChannelWarned(t *testing.T) {
 	channels := hawkDefaultChannels()
-	channels["loop"] = ChannelSpec{IsEnabled: true, Endpoint: "https://loop.example/hooks/x"}
+	channels["webPush"] = ChannelSpec{IsEnabled: true, Endpoint: "subscription-1"}
 	_, warnings, err := Compile("p", Spec{ID: "r", IsEnabled: true, WhatToReceive: OnlyNew, Channels: channels})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(warnings) != 1 || !strings.Contains(warnings[0], `channel "loop" is not supported`) {
-		t.Errorf("warnings %q, want one about loop", warnings)
+	if len(warnings) != 1 || !strings.Contains(warnings[0], `channel "webPush" is not supported`) {
+		t.Errorf("warnings %q, want one about webPush", warnings)
+	}
+}
+
+// A migrated rule whose Loop channel is on keeps notifying there: loop is
+// one of Klaxon's channels, not a warning.
+func TestLoopChannelCompiled(t *testing.T) {
+	channels := hawkDefaultChannels()
+	channels[Loop] = ChannelSpec{IsEnabled: true, Endpoint: " https://loop.example/hooks/x ", MinPeriod: 30}
+	r, warnings, err := Compile("p", Spec{ID: "r", IsEnabled: true, WhatToReceive: OnlyNew, Channels: channels})
+	if err != nil || len(warnings) != 0 {
+		t.Fatalf("err %v, warnings %q: want none", err, warnings)
+	}
+	want := []Channel{{Name: Email, Endpoint: "owner@example.com", MinPeriod: time.Minute},
+		{Name: Loop, Endpoint: "https://loop.example/hooks/x", MinPeriod: 30 * time.Second}}
+	if !slices.Equal(r.Channels, want) {
+		t.Errorf("channels %+v, want %+v", r.Channels, want)
 	}
 }
 
@@ -193,6 +210,25 @@ func TestTelegramEndpointsLoadQuietly(t *testing.T) {
 		}})
 		if err != nil || len(warnings) != 0 || len(r.Channels) != 1 || r.Channels[0].Endpoint != endpoint {
 			t.Errorf("telegram endpoint %q: rule %+v, warnings %q, err %v", endpoint, r, warnings, err)
+		}
+	}
+}
+
+// Messages say what a rule watches, so that whoever gets one knows why.
+func TestDescription(t *testing.T) {
+	for want, spec := range map[string]Spec{
+		"new errors": {WhatToReceive: OnlyNew},
+		`new errors, title containing "database" or "redis", not "staging"`: {WhatToReceive: OnlyNew,
+			Including: []string{"Database", " redis", ""}, Excluding: []string{"staging"}},
+		"100 events in 1 minute":                       {WhatToReceive: SeenMore, Threshold: 100, ThresholdPeriod: 60_000},
+		"20 events in 1 hour or 5 events in 3 seconds": {WhatToReceive: SeenMore, Windows: []WindowSpec{{20, 3_600_000}, {5, 3000}}},
+		"10 affected users in 90 seconds":              {WhatToReceive: SeenMore, Threshold: 10, ThresholdPeriod: 90_000, CountBy: CountUsers},
+		"3 events in 1.5s":                             {WhatToReceive: SeenMore, Threshold: 3, ThresholdPeriod: 1500},
+	} {
+		spec.ID, spec.IsEnabled = "r", true
+		r, _, err := Compile("p", spec)
+		if err != nil || r.Description != want {
+			t.Errorf("%+v: %q, %v; want %q", spec, r.Description, err, want)
 		}
 	}
 }

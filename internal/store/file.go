@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -10,6 +11,8 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -20,7 +23,9 @@ import (
 
 // FileSource reads rules from a YAML file (KLAXON_RULES_FILE): a mapping
 // from project id to that project's list of rules, each with the fields of
-// rules.Spec and a free-form id:
+// rules.Spec and a free-form id, or to a mapping in the shape of Hawk's
+// project document, {name: "Shop", notifications: [rules]}, which gives the
+// project the name its messages show:
 //
 //	5e3eef0679fa3700a0198a49:
 //	  - id: rule-1
@@ -37,6 +42,11 @@ import (
 // A project key that is not 24 hex digits, or a rule that does not fit the
 // schema, is a Problem and left out; unknown fields are Problems that do not
 // skip the rule.
+//
+// A rule document copied from MongoDB loads unchanged: its id may be _id,
+// the Extended JSON wrappers mongoexport writes for the types of Hawk's
+// rules ($oid, $numberInt, $numberLong, $numberDouble) are unwrapped, and
+// Hawk's fields that Klaxon does not use are no unknown fields.
 type FileSource struct {
 	path string
 
@@ -94,7 +104,7 @@ func parseRulesFile(data []byte) (Specs, error) {
 	if root.Kind != yaml.MappingNode {
 		return Specs{}, fmt.Errorf("line %d: want a mapping from project id to a list of rules", root.Line)
 	}
-	specs := Specs{Projects: map[string][]rules.Spec{}, Lines: map[string][]int{}}
+	specs := Specs{Projects: map[string][]rules.Spec{}, Lines: map[string][]int{}, Names: map[string]string{}}
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		key, value := root.Content[i], root.Content[i+1]
 		projectID := strings.ToLower(key.Value)
@@ -108,12 +118,65 @@ func parseRulesFile(data []byte) (Specs, error) {
 				Reason: "the project is listed again; only its first list is used"})
 			continue
 		}
+		if value.Kind == yaml.MappingNode {
+			var name string
+			var problems []Problem
+			name, value, problems = decodeProjectMapping(projectID, value)
+			specs.Problems = append(specs.Problems, problems...)
+			if name != "" {
+				specs.Names[projectID] = name
+			}
+			if value == nil {
+				continue
+			}
+		}
 		list, lines, problems := decodeRuleList(projectID, value)
 		specs.Problems = append(specs.Problems, problems...)
 		specs.Projects[projectID] = list // may be empty: the project is known, with no rules
 		specs.Lines[projectID] = lines
 	}
 	return specs, nil
+}
+
+// decodeProjectMapping reads a project given as a mapping, the shape of
+// Hawk's project document: {name: …, notifications: [rules]}, and an _id
+// that, when there, must be the key's. It returns the name and the rules'
+// node, nil when the project is skipped.
+func decodeProjectMapping(projectID string, node *yaml.Node) (string, *yaml.Node, []Problem) {
+	var problems []Problem
+	skip := func(line int, reason string) (string, *yaml.Node, []Problem) {
+		return "", nil, append(problems, Problem{ProjectID: projectID, Skipped: true, Line: line, Reason: reason})
+	}
+	if mappingValue(node, "notifications") == nil {
+		return skip(node.Line, "want a list of rules, or a mapping with notifications (and a name)")
+	}
+	var name string
+	var list *yaml.Node
+	for i := 0; i+1 < len(node.Content); i += 2 {
+		key, value := node.Content[i].Value, node.Content[i+1]
+		switch key {
+		case "name":
+			if value.Kind != yaml.ScalarNode || value.ShortTag() == "!!null" {
+				problems = append(problems, Problem{ProjectID: projectID, Line: value.Line,
+					Reason: "name is not a string: ignored"})
+				continue
+			}
+			name = value.Value
+		case "notifications":
+			list = value
+		case "_id":
+			if err := fromExtendedJSON(value); err != nil {
+				return skip(value.Line, err.Error())
+			}
+			if value.Kind != yaml.ScalarNode || strings.ToLower(value.Value) != projectID {
+				return skip(value.Line, "_id is not the project id it is listed under")
+			}
+		default:
+			problems = append(problems, Problem{ProjectID: projectID, Line: node.Content[i].Line,
+				Reason: fmt.Sprintf("unknown field %q ignored", key)})
+		}
+	}
+	return name, list, problems
 }
 
 // decodeRuleList decodes one project's list of rules, and returns the line
@@ -130,6 +193,10 @@ func decodeRuleList(projectID string, list *yaml.Node) ([]rules.Spec, []int, []P
 	var lines []int
 	var problems []Problem
 	for i, node := range list.Content {
+		// Before anything reads the id: a rule copied from MongoDB names
+		// itself with _id, often as {$oid: …}.
+		extErr := fromExtendedJSON(node)
+		idErr := unifyID(node)
 		ruleID := fmt.Sprintf("#%d", i)
 		if id := mappingValue(node, "id"); id != nil && id.Kind == yaml.ScalarNode && strings.TrimSpace(id.Value) != "" {
 			ruleID = strings.TrimSpace(id.Value)
@@ -139,6 +206,10 @@ func decodeRuleList(projectID string, list *yaml.Node) ([]rules.Spec, []int, []P
 		}
 		if node.Kind != yaml.MappingNode {
 			problems = append(problems, problem("a rule must be a mapping"))
+			continue
+		}
+		if err := cmp.Or(extErr, idErr); err != nil {
+			problems = append(problems, problem(err.Error()))
 			continue
 		}
 		var spec rules.Spec
@@ -158,6 +229,9 @@ func decodeRuleList(projectID string, list *yaml.Node) ([]rules.Spec, []int, []P
 			continue
 		}
 		for _, field := range issues.unknown {
+			if hawkOnlyField(field.path) {
+				continue
+			}
 			problems = append(problems, Problem{ProjectID: projectID, RuleID: ruleID, Line: field.line,
 				Reason: fmt.Sprintf("unknown field %q ignored", field.path)})
 		}
@@ -270,4 +344,105 @@ var yamlQuoted = regexp.MustCompile("\\s*`[^`]*`")
 
 func redactYAML(msg string) string {
 	return yamlQuoted.ReplaceAllString(msg, "")
+}
+
+// hawkOnlyField reports whether a rule's field is one of Hawk's that Klaxon
+// has no use for (who added the rule, whether Hawk made it): a rule copied
+// from MongoDB carries them, and they are no typo to warn about.
+func hawkOnlyField(field string) bool {
+	return field == "uidAdded" || field == "autoAdded"
+}
+
+// unifyID lets a rule name itself as Hawk's documents do (_id) or as
+// Klaxon's file always did (id): _id becomes id. Both are fine when they
+// agree; when they differ, nobody can tell which was meant.
+func unifyID(node *yaml.Node) error {
+	if node.Kind != yaml.MappingNode {
+		return nil
+	}
+	underscore, plain := -1, -1
+	for i := 0; i+1 < len(node.Content); i += 2 {
+		switch node.Content[i].Value {
+		case "_id":
+			underscore = i
+		case "id":
+			plain = i
+		}
+	}
+	switch {
+	case underscore < 0:
+		return nil
+	case plain < 0:
+		node.Content[underscore].Value = "id"
+		return nil
+	}
+	a, b := node.Content[underscore+1], node.Content[plain+1]
+	if a.Kind != yaml.ScalarNode || b.Kind != yaml.ScalarNode || strings.TrimSpace(a.Value) != strings.TrimSpace(b.Value) {
+		return fmt.Errorf("line %d: _id and id differ; give one of them", node.Line)
+	}
+	node.Content = slices.Delete(node.Content, underscore, underscore+2)
+	return nil
+}
+
+// fromExtendedJSON rewrites, in place, the MongoDB Extended JSON wrappers
+// that mongoexport writes for the BSON types of Hawk's rules into the plain
+// YAML values they stand for: {$oid: "5e4f…"} (an ObjectId, in both of
+// mongoexport's modes) becomes the string of its lower-case hex, as
+// MongoSource names it; {$numberInt: "5"}, {$numberLong: "60000"} and
+// {$numberDouble: "0.0"} (canonical mode; relaxed mode, mongoexport's
+// default, writes plain numbers) become numbers. Other wrappers ($date,
+// $binary, …) stand for types no rule field has: they are left as they
+// are, and decoding reports them.
+func fromExtendedJSON(node *yaml.Node) error {
+	switch node.Kind {
+	case yaml.SequenceNode:
+		for _, n := range node.Content {
+			if err := fromExtendedJSON(n); err != nil {
+				return err
+			}
+		}
+	case yaml.MappingNode:
+		if len(node.Content) == 2 && node.Content[1].Kind == yaml.ScalarNode {
+			if done, err := unwrap(node, node.Content[0].Value, node.Content[1].Value); done || err != nil {
+				return err
+			}
+		}
+		for i := 1; i < len(node.Content); i += 2 {
+			if err := fromExtendedJSON(node.Content[i]); err != nil {
+				return err
+			}
+		}
+	}
+	// Aliases point at nodes met (and rewritten) where they are anchored.
+	return nil
+}
+
+// unwrap turns node, a mapping {wrapper: value}, into the scalar it stands
+// for, and reports whether wrapper was one it knows. Errors never quote the
+// value: it could be an endpoint put in the wrong place.
+func unwrap(node *yaml.Node, wrapper, value string) (bool, error) {
+	var tag string
+	switch wrapper {
+	case "$oid":
+		if !ValidProjectID(value) {
+			return true, fmt.Errorf("line %d: $oid must be 24 hex digits", node.Line)
+		}
+		tag, value = "!!str", strings.ToLower(value)
+	case "$numberInt", "$numberLong":
+		if _, err := strconv.ParseInt(value, 10, 64); err != nil {
+			return true, fmt.Errorf("line %d: %s is not an integer", node.Line, wrapper)
+		}
+		tag = "!!int"
+	case "$numberDouble":
+		f, err := strconv.ParseFloat(value, 64)
+		if err != nil || math.IsInf(f, 0) || math.IsNaN(f) {
+			return true, fmt.Errorf("line %d: $numberDouble is not a finite number", node.Line)
+		}
+		tag = "!!float"
+	default:
+		return false, nil
+	}
+	*node = yaml.Node{Kind: yaml.ScalarNode, Tag: tag, Value: value, Line: node.Line, Column: node.Column,
+		Anchor: node.Anchor}
+	return true, nil
 }

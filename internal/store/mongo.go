@@ -75,12 +75,12 @@ func (s *MongoSource) Close(ctx context.Context) error {
 	return nil
 }
 
-// Load reads the rules of every project that has any. Only _id and
+// Load reads the rules of every project that has any. Only _id, name and
 // notifications are fetched: a Hawk project holds secrets of its own (its
 // integration token) that Klaxon has no use for.
 func (s *MongoSource) Load(ctx context.Context) (Specs, error) {
 	filter := bson.D{{Key: "notifications.0", Value: bson.D{{Key: "$exists", Value: true}}}}
-	projection := bson.D{{Key: "notifications", Value: 1}}
+	projection := bson.D{{Key: "notifications", Value: 1}, {Key: "name", Value: 1}}
 	cursor, err := s.projects.Find(ctx, filter, options.Find().SetProjection(projection))
 	if err != nil {
 		return Specs{}, fmt.Errorf("find projects in %s.%s: %w", s.Database(), s.projects.Name(), err)
@@ -106,12 +106,16 @@ func (s *MongoSource) Load(ctx context.Context) (Specs, error) {
 	if s.last.Digest == digest {
 		return s.last, nil
 	}
-	specs := Specs{Projects: map[string][]rules.Spec{}, Digest: digest}
+	specs := Specs{Projects: map[string][]rules.Spec{}, Names: map[string]string{}, Digest: digest}
 	for _, doc := range docs {
 		projectID, ruleSpecs, problems := decodeProject(doc)
 		specs.Problems = append(specs.Problems, problems...)
 		if projectID != "" && len(ruleSpecs) > 0 {
 			specs.Projects[projectID] = ruleSpecs
+			// A name of another type is no name: messages show the id.
+			if name, ok := doc.Lookup("name").StringValueOK(); ok && name != "" {
+				specs.Names[projectID] = name
+			}
 		}
 	}
 	s.last = specs

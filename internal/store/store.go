@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/klaxonhq/klaxon/internal/rules"
 )
@@ -37,6 +38,9 @@ type Specs struct {
 	// Projects maps a project id (24 lower-case hex digits) to its rules,
 	// in stored order.
 	Projects map[string][]rules.Spec
+	// Names maps a project id to the project's name, for messages; a
+	// project without one is not in it.
+	Names map[string]string
 	// Problems are projects and rules the source could not read; they are
 	// not in Projects.
 	Problems []Problem
@@ -115,6 +119,7 @@ func CompileWithin(specs Specs, loadedAt time.Time, limits rules.Limits) *Snapsh
 	for _, projectID := range sortedKeys(specs.Projects) {
 		var compiled []*rules.Rule
 		seen := map[string]bool{}
+		name := projectName(specs.Names[projectID])
 		over, firstOver, overLine := 0, "", 0
 		lines := specs.Lines[projectID]
 		for i, spec := range specs.Projects[projectID] {
@@ -143,6 +148,7 @@ func CompileWithin(specs Specs, loadedAt time.Time, limits rules.Limits) *Snapsh
 			if r == nil {
 				continue // disabled
 			}
+			r.ProjectName = name
 			if seen[r.ID] {
 				s.problems = append(s.problems, Problem{ProjectID: projectID, RuleID: ruleID,
 					Reason: "another rule of the project has this id", Skipped: true, Line: line})
@@ -220,6 +226,24 @@ func (s *Snapshot) LoadedAt() time.Time {
 		return time.Time{}
 	}
 	return s.loadedAt
+}
+
+// maxProjectName bounds the project name a message repeats: it is written
+// by the project's users.
+const maxProjectName = 200
+
+// projectName is name on one line, cut to maxProjectName bytes at a rune
+// boundary.
+func projectName(name string) string {
+	name = strings.Join(strings.Fields(strings.ToValidUTF8(name, "")), " ")
+	if len(name) <= maxProjectName {
+		return name
+	}
+	cut := maxProjectName
+	for cut > 0 && !utf8.RuneStart(name[cut]) {
+		cut--
+	}
+	return name[:cut] + "…"
 }
 
 var projectIDPattern = regexp.MustCompile(`^[0-9a-fA-F]{24}$`)

@@ -12,19 +12,20 @@ import (
 	"github.com/klaxonhq/klaxon/internal/netguard"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/notify/email"
+	"github.com/klaxonhq/klaxon/internal/notify/loop"
 	"github.com/klaxonhq/klaxon/internal/notify/slack"
 	"github.com/klaxonhq/klaxon/internal/notify/telegram"
 	"github.com/klaxonhq/klaxon/internal/notify/webhook"
 	"github.com/klaxonhq/klaxon/internal/rules"
 )
 
-// Build makes the channels cfg configures, by rule channel name. Webhook
-// and Slack need no settings; email is there only when KLAXON_SMTP_ADDR is
+// Build makes the channels cfg configures, by rule channel name. Webhook,
+// Slack and Loop need no settings; email is there only when KLAXON_SMTP_ADDR is
 // set, and a rule using it elsewhere fails its deliveries with a clear
 // reason. connsPerHost is how many idle connections to one host to keep:
 // as many as sends may run at once.
 //
-// Endpoints from rules (webhook and Slack URLs, Telegram hook URLs) are
+// Endpoints from rules (webhook, Slack and Loop URLs, Telegram hook URLs) are
 // written by untrusted users: they go through a netguard client, which
 // reaches the public internet and KLAXON_ALLOW_PRIVATE_NETWORKS only. What
 // the operator configured (the Bot API, SMTP) is trusted and is not.
@@ -39,6 +40,7 @@ func Build(cfg config.Config, connsPerHost int) (map[string]notify.Channel, erro
 	chans := map[string]notify.Channel{
 		rules.Webhook: webhook.New(fromRules),
 		rules.Slack:   &slack.Notifier{Client: fromRules, Hosts: cfg.SlackPatterns()},
+		rules.Loop:    &loop.Notifier{Client: fromRules, Hosts: cfg.LoopPatterns()},
 	}
 	if cfg.EmailEnabled() {
 		e, err := email.New(email.Config{

@@ -526,7 +526,8 @@ const pageHTML = `<!DOCTYPE html>
 {{- end}}
 {{- range .Items}}
 <h3 style="margin-bottom: 0">{{.Title}}</h3>
-<p style="margin-top: 4px"><strong>{{.Summary}}</strong></p>
+<p style="margin-top: 4px"><strong>{{.Summary}}</strong>
+{{- with .URL}} · <a href="{{.}}">View event</a>{{end}}</p>
 <ul style="color: #555">
 {{- range .Details}}
 <li>{{.}}</li>

@@ -164,7 +164,7 @@ func payload(m *notify.Message) *slackapi.WebhookMessage {
 	} else {
 		it := v.Items[0]
 		blocks = []slackapi.Block{
-			section(code(notify.Truncate(it.Title, maxTitle)) + "\n" + escape(it.Summary)),
+			section(code(notify.Truncate(it.Title, maxTitle)) + "\n" + escape(it.Summary) + link(it.URL, " · ")),
 			contextBlock(escape(strings.Join(it.Details, "\n"))),
 		}
 	}
@@ -207,8 +207,8 @@ func digestBlocks(v notify.View) []slackapi.Block {
 	var cur strings.Builder
 	shown := 0
 	for _, it := range v.Items {
-		line := fmt.Sprintf("• %s — %s, fired at %s",
-			code(notify.Truncate(it.Title, maxDigestTitle)), escape(it.Summary), it.FiredAt)
+		line := fmt.Sprintf("• %s — %s, fired at %s%s",
+			code(notify.Truncate(it.Title, maxDigestTitle)), escape(it.Summary), it.FiredAt, link(it.URL, " · "))
 		if cur.Len() > 0 && cur.Len()+1+len(line) > maxBlockText {
 			if len(blocks) == room {
 				break
@@ -229,6 +229,17 @@ func digestBlocks(v notify.View) []slackapi.Block {
 		blocks = append(blocks, contextBlock(escape(more)))
 	}
 	return append(blocks, contextBlock(escape(v.Footer)))
+}
+
+// link is Slack's link to the event after sep, or "" without a URL. The
+// URL is Klaxon's (the operator's template, its parts escaped); a | or >
+// in it would end the link early, so they are percent-encoded.
+func link(url, sep string) string {
+	if url == "" {
+		return ""
+	}
+	url = strings.NewReplacer("|", "%7C", ">", "%3E", "<", "%3C").Replace(url)
+	return sep + "<" + strings.ReplaceAll(url, "&", "&amp;") + "|" + notify.ViewEvent + ">"
 }
 
 func section(text string) slackapi.Block {

@@ -268,7 +268,7 @@ func Text(m *notify.Message) string {
 	v := notify.Render(m)
 	if !m.Digest {
 		it := v.Items[0]
-		lines := []string{"<b>" + escape(notify.Truncate(it.Title, maxTitle)) + "</b>", escape(it.Summary), ""}
+		lines := []string{"<b>" + escape(notify.Truncate(it.Title, maxTitle)) + "</b>", escape(it.Summary) + link(it.URL, " · "), ""}
 		for _, d := range it.Details {
 			lines = append(lines, escape(notify.Truncate(d, maxDetail)))
 		}
@@ -282,8 +282,8 @@ func Text(m *notify.Message) string {
 	used := utf16Len(b.String())
 	shown := 0
 	for _, it := range v.Items {
-		line := fmt.Sprintf("\n• <b>%s</b> — %s, fired at %s",
-			escape(notify.Truncate(it.Title, 200)), escape(it.Summary), it.FiredAt)
+		line := fmt.Sprintf("\n• <b>%s</b> — %s, fired at %s%s",
+			escape(notify.Truncate(it.Title, 200)), escape(it.Summary), it.FiredAt, link(it.URL, " · "))
 		if used+utf16Len(line) > room {
 			break
 		}
@@ -296,6 +296,14 @@ func Text(m *notify.Message) string {
 	}
 	b.WriteString("\n" + footer)
 	return b.String()
+}
+
+// link is an HTML link to the event after sep, or "" without a URL.
+func link(url, sep string) string {
+	if url == "" {
+		return ""
+	}
+	return sep + `<a href="` + strings.ReplaceAll(escape(url), `"`, "&quot;") + `">` + notify.ViewEvent + "</a>"
 }
 
 // escape makes s literal text in Telegram's HTML parse mode: <, > and &

@@ -38,12 +38,16 @@ func (n *Notifier) Notify(ctx context.Context, url string, m *notify.Message) (r
 // Lists are never null and times are UTC, so receivers need no special cases.
 func Body(m *notify.Message) any {
 	if !m.Digest {
-		return normalize(m.Notifications[0])
+		n := normalize(m.Notifications[0])
+		n.Version = notify.BodyVersion
+		return n
 	}
 	d := notify.Digest{
+		Version:       notify.BodyVersion,
 		Type:          notify.TypeDigest,
 		ID:            m.ID,
 		ProjectID:     m.ProjectID,
+		ProjectName:   m.Notifications[0].ProjectName,
 		RuleID:        m.RuleID,
 		Notifications: make([]notify.Notification, len(m.Notifications)),
 		Omitted:       m.Omitted,
@@ -55,6 +59,7 @@ func Body(m *notify.Message) any {
 }
 
 func normalize(n notify.Notification) notify.Notification {
+	n.Version = "" // the body's, not each listed notification's
 	n.FiredAt = n.FiredAt.UTC()
 	windows := make([]notify.WindowStatus, len(n.Windows))
 	for i, w := range n.Windows {

@@ -58,13 +58,15 @@ func TestThresholdBody(t *testing.T) {
 	if err := r.JSON(&body); err != nil {
 		t.Fatalf("body %s: %v", r.Body, err)
 	}
-	for _, k := range []string{"id", "type", "projectId", "ruleId", "event", "count", "threshold", "period", "firedAt", "windows"} {
+	for _, k := range []string{"version", "id", "type", "projectId", "projectName", "ruleId", "ruleDescription", "event",
+		"count", "threshold", "period", "firedAt", "windows"} {
 		if _, ok := body[k]; !ok {
 			t.Errorf("body lacks %q: %s", k, r.Body)
 		}
 	}
 	want := map[string]any{
-		"id": "n-1", "type": "threshold", "projectId": n.ProjectID, "ruleId": n.RuleID,
+		"version": "2", "id": "n-1", "type": "threshold", "projectId": n.ProjectID, "ruleId": n.RuleID,
+		"projectName": "", "ruleDescription": "",
 		"count": 150.0, "threshold": 100.0, "period": 60000.0,
 	}
 	for k, v := range want {
@@ -73,7 +75,7 @@ func TestThresholdBody(t *testing.T) {
 		}
 	}
 	event := body["event"].(map[string]any)
-	if event["title"] != nastyTitle || event["groupHash"] != "11dabb" {
+	if event["title"] != nastyTitle || event["groupHash"] != "11dabb" || event["url"] != "" {
 		t.Errorf("event = %v", event)
 	}
 	if rep, ok := event["repetitionId"]; !ok || rep != nil {
@@ -112,6 +114,9 @@ func TestNewBody(t *testing.T) {
 func TestDigestBody(t *testing.T) {
 	sink := notifytest.NewWebhookSink(t)
 	ns := []notify.Notification{threshold("n-1", "A"), threshold("n-2", "B"), threshold("n-3", "C")}
+	for i := range ns {
+		ns[i].ProjectName = "Shop"
+	}
 	m := &notify.Message{ID: "d-1", ProjectID: ns[0].ProjectID, RuleID: ns[0].RuleID, Digest: true, Notifications: ns, Omitted: 42}
 	if _, err := send(t, sink.URL, m); err != nil {
 		t.Fatal(err)
@@ -130,6 +135,9 @@ func TestDigestBody(t *testing.T) {
 	}
 	if d.Omitted != 42 {
 		t.Errorf("digest omitted = %d, want the 42 firings the deliverer left out", d.Omitted)
+	}
+	if d.Version != "2" || d.ProjectName != "Shop" || strings.Count(string(r.Body), `"version"`) != 1 {
+		t.Errorf("digest %s: want version 2 once, at the top, and the project's name", r.Body)
 	}
 	if d.Type != "digest" || d.ID != "d-1" || d.ProjectID != ns[0].ProjectID || d.RuleID != ns[0].RuleID || !slices.Equal(ids, []string{"n-1", "n-2", "n-3"}) {
 		t.Errorf("digest = %+v", d)

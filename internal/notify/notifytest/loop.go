@@ -1,0 +1,123 @@
+package notifytest
+
+import (
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+	"unicode/utf8"
+)
+
+// LoopServer is a fake Loop (Mattermost) incoming webhook at
+// /hooks/<token>. Like Mattermost, it answers 200 "ok"; 400 with a JSON
+// error for an unknown hook, a body that is not JSON or a message without
+// text; and, where Mattermost would split a long message into several
+// posts, 400 for text over 16383 characters, so that a test sees a message
+// that would not arrive whole.
+type LoopServer struct {
+	// URL is the webhook URL to post to; its path embeds Token.
+	URL string
+	// Token is the secret part of URL, for tests that check it never leaks.
+	Token string
+
+	path  string
+	reqs  journal[LoopRequest]
+	fails script[Failure]
+}
+
+// LoopRequest is one POST the fake received.
+type LoopRequest struct {
+	Header   http.Header
+	Body     []byte // raw JSON
+	Text     string // the payload's "text"
+	Username string // the payload's "username"
+	Status   int    // what the fake answered
+	// Received is when the request arrived, before its body was read.
+	Received time.Time
+}
+
+// NewLoopServer starts a fake Loop webhook, closed when the test ends.
+func NewLoopServer(t testing.TB) *LoopServer {
+	t.Helper()
+	token := rand.Text()
+	s := &LoopServer{Token: token, path: "/hooks/" + token}
+	srv := httptest.NewServer(http.HandlerFunc(s.serve))
+	t.Cleanup(srv.Close)
+	s.URL = srv.URL + s.path
+	return s
+}
+
+// Fail scripts the answers to the next requests, one failure each.
+func (s *LoopServer) Fail(fs ...Failure) { s.fails.push(fs...) }
+
+// FailNext makes the next n requests fail with f.
+func (s *LoopServer) FailNext(n int, f Failure) { s.fails.push(repeat(n, f)...) }
+
+// Requests returns every request received so far, refused ones included.
+func (s *LoopServer) Requests() []LoopRequest { return s.reqs.all() }
+
+// WaitFor waits until at least n requests have arrived and returns them all;
+// after timeout it returns those that did and an error.
+func (s *LoopServer) WaitFor(n int, timeout time.Duration) ([]LoopRequest, error) {
+	return s.reqs.waitFor(n, timeout)
+}
+
+func (s *LoopServer) serve(w http.ResponseWriter, r *http.Request) {
+	received := time.Now()
+	body, _ := io.ReadAll(r.Body)
+	req := LoopRequest{Header: r.Header.Clone(), Body: body, Received: received}
+	status, reason := s.answer(r, &req)
+	if status == http.StatusOK {
+		if f, ok := s.fails.pop(); ok {
+			status, reason = f.Status, f.Body
+			if reason == "" {
+				reason = http.StatusText(f.Status)
+			}
+			f.writeHeader(w)
+		}
+	}
+	req.Status = status
+	s.reqs.add(req)
+	if status == http.StatusOK {
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(status)
+		_, _ = io.WriteString(w, "ok")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"id": "web.incoming_webhook.error", "message": reason, "status_code": status})
+}
+
+// answer validates the request as Mattermost would and decodes it into req.
+func (s *LoopServer) answer(r *http.Request, req *LoopRequest) (int, string) {
+	if r.URL.Path != s.path {
+		return http.StatusBadRequest, "Invalid webhook"
+	}
+	if r.Method != http.MethodPost {
+		return http.StatusMethodNotAllowed, "method not allowed"
+	}
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
+		return http.StatusBadRequest, "Unable to parse incoming data"
+	}
+	var p struct {
+		Text     string `json:"text"`
+		Username string `json:"username"`
+	}
+	if err := json.Unmarshal(req.Body, &p); err != nil {
+		return http.StatusBadRequest, "Unable to parse incoming data"
+	}
+	req.Text, req.Username = p.Text, p.Username
+	if p.Text == "" {
+		return http.StatusBadRequest, "No text specified"
+	}
+	if n := utf8.RuneCountInString(p.Text); n > 16383 {
+		return http.StatusBadRequest, fmt.Sprintf("text of %d characters would be split", n)
+	}
+	return http.StatusOK, "ok"
+}
