@@ -156,6 +156,14 @@ type Options struct {
 	// Verbose reports every rule's outcome with its counts, not only the
 	// firings: for tests and tools; it makes replies larger.
 	Verbose bool
+	// WaitReplicas, when above 0, makes every write wait (Redis WAIT, on
+	// the connection that wrote) until that many replicas acknowledged it,
+	// for at most WaitTimeout [1s]; fewer fails the Observe, so that the
+	// batch is held and tried again rather than acked on writes a failover
+	// could lose. Single node and Sentinel only: on Cluster it is ignored
+	// (a WAIT cannot follow a pipeline across nodes).
+	WaitReplicas int
+	WaitTimeout  time.Duration
 }
 
 // Engine counts events in Redis.
@@ -168,6 +176,8 @@ type Engine struct {
 	// hash slots may live on different nodes.
 	groupsPerCall int
 	verbose       bool
+	waitReplicas  int
+	waitTimeout   time.Duration
 	cas           *redis.Script
 	// scriptOnly counts every group with observe.lua (tests of the script).
 	scriptOnly bool
@@ -186,8 +196,12 @@ func New(rdb redis.UniversalClient, opts Options) *Engine {
 	if opts.GroupsPerCall <= 0 {
 		opts.GroupsPerCall = 32
 	}
+	if opts.WaitTimeout <= 0 {
+		opts.WaitTimeout = time.Second
+	}
 	if _, single := rdb.(*redis.Client); !single {
 		opts.GroupsPerCall = 1
+		opts.WaitReplicas = 0
 	}
 	return &Engine{
 		rdb:           rdb,
@@ -197,6 +211,8 @@ func New(rdb redis.UniversalClient, opts Options) *Engine {
 		dedupTTL:      opts.DedupTTL.Milliseconds(),
 		groupsPerCall: opts.GroupsPerCall,
 		verbose:       opts.Verbose,
+		waitReplicas:  opts.WaitReplicas,
+		waitTimeout:   opts.WaitTimeout,
 	}
 }
 
@@ -488,13 +504,24 @@ func (e *Engine) run(ctx context.Context, calls []*call) error {
 func (e *Engine) eval(ctx context.Context, script *redis.Script, calls []*call) error {
 	pending := calls
 	for attempt := 0; ; attempt++ {
+		var wait *redis.Cmd
 		_, err := e.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, c := range pending {
 				c.cmd = script.EvalSha(ctx, p, c.keys, c.args...)
 			}
+			if e.waitReplicas > 0 {
+				// A pipeline is one connection: WAIT covers its writes.
+				wait = p.Do(ctx, "WAIT", e.waitReplicas, e.waitTimeout.Milliseconds())
+			}
 			return nil
 		})
 		if err == nil {
+			if wait != nil {
+				if n, err := wait.Int64(); err != nil || n < int64(e.waitReplicas) {
+					return fmt.Errorf("count: %d of %d replicas acknowledged the writes within %s (%v)",
+						n, e.waitReplicas, e.waitTimeout, err)
+				}
+			}
 			return nil
 		}
 		var missing []*call

@@ -3,6 +3,7 @@ package counter
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -231,5 +232,18 @@ func TestInspect(t *testing.T) {
 	if r := observe(t, e, Event{ID: "m9", ProjectID: project, GroupHash: "g", Time: start.Add(5 * time.Second),
 		Rules: []*rules.Rule{events}})[0].Outcomes[0]; r.Counts[0] != 5 {
 		t.Errorf("count after inspecting %v, want 5: inspecting changed the state", r.Counts)
+	}
+}
+
+// With WaitReplicas, a write that no replica acknowledged fails the call,
+// so that the batch is held rather than acked on writes a failover could
+// lose; the test's Redis has no replica.
+func TestWaitReplicasFailsWithoutReplicas(t *testing.T) {
+	rdb := testRedis(t)
+	e := New(rdb, Options{Prefix: testPrefix(t, rdb), WaitReplicas: 1, WaitTimeout: 10 * time.Millisecond})
+	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 3, Period: 60_000}))
+	_, err := e.Observe(context.Background(), []Event{{ID: "m1", ProjectID: project, GroupHash: "g", Rules: []*rules.Rule{rule}}})
+	if err == nil || !strings.Contains(err.Error(), "0 of 1 replicas") {
+		t.Errorf("observe without replicas: %v, want an error saying no replica acknowledged", err)
 	}
 }
