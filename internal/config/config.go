@@ -74,6 +74,11 @@ const (
 	EnvMaxFilterBytes       = "KLAXON_MAX_FILTER_BYTES"
 	EnvMaxMatchedTitle      = "KLAXON_MAX_MATCHED_TITLE_BYTES"
 	EnvMaxEmailRecipients   = "KLAXON_MAX_EMAIL_RECIPIENTS"
+	// Fairness between projects in the deliverer.
+	EnvMaxSendsPerDestination = "KLAXON_MAX_SENDS_PER_DESTINATION"
+	EnvMaxSendsPerProject     = "KLAXON_MAX_SENDS_PER_PROJECT"
+	EnvCircuitTimeouts        = "KLAXON_CIRCUIT_TIMEOUTS"
+	EnvCircuitOpen            = "KLAXON_CIRCUIT_OPEN"
 )
 
 // Hawk's names for the same settings, and the defaults.
@@ -106,6 +111,10 @@ const (
 	defaultDigestBytes   = 1 << 20
 	defaultDeadMessages  = 100_000
 	defaultDeadBytes     = 256 << 20
+	defaultSendsPerDest  = 8
+	defaultSendsPerProj  = 32
+	defaultCircuitTrips  = 5
+	defaultCircuitOpen   = 30 * time.Second
 )
 
 // Variable describes one environment variable Load reads.
@@ -160,6 +169,10 @@ func Variables() []Variable {
 		{EnvMaxFilterBytes, "", strconv.Itoa(rules.DefaultFilterBytes), false, "bytes a rule's filter words may add up to"},
 		{EnvMaxMatchedTitle, "", strconv.Itoa(rules.DefaultMatchedTitleBytes), false, "bytes at the start of an event title that filters search"},
 		{EnvMaxEmailRecipients, "", strconv.Itoa(rules.DefaultEmailRecipients), false, "addresses an email endpoint may name"},
+		{EnvMaxSendsPerDestination, "", strconv.Itoa(defaultSendsPerDest), false, "sends one destination (channel and endpoint) may have in flight in a worker (1-64)"},
+		{EnvMaxSendsPerProject, "", strconv.Itoa(defaultSendsPerProj), false, "sends one project may have in flight in a worker (1-64)"},
+		{EnvCircuitTimeouts, "", strconv.Itoa(defaultCircuitTrips), false, "consecutive timeouts that open a destination's circuit (1-1000)"},
+		{EnvCircuitOpen, "", "30s", false, "how long an open circuit keeps a destination's jobs waiting before one send probes it"},
 	}
 }
 
@@ -215,6 +228,14 @@ type Config struct {
 	TelegramAllowedChats string
 	// Limits bound each project's rules (KLAXON_MAX_*).
 	Limits rules.Limits
+	// MaxSendsPerDestination and MaxSendsPerProject bound the sends in
+	// flight in one worker per destination and per project; a destination
+	// whose sends time out CircuitTimeouts times in a row has its circuit
+	// opened for CircuitOpen (KLAXON_MAX_SENDS_PER_*, KLAXON_CIRCUIT_*).
+	MaxSendsPerDestination int
+	MaxSendsPerProject     int
+	CircuitTimeouts        int
+	CircuitOpen            time.Duration
 }
 
 // EmailEnabled reports whether the email channel is configured.
@@ -370,6 +391,10 @@ func Load(getenv func(string) string) (Config, error) {
 	c.DeadMaxMessages = l.count(EnvDeadMaxMessages, defaultDeadMessages, 1, 100_000_000)
 	c.DeadMaxBytes = l.size(EnvDeadMaxBytes, defaultDeadBytes, 1<<20, 1<<40)
 	c.TelegramAllowedChats = l.chats()
+	c.MaxSendsPerDestination = l.count(EnvMaxSendsPerDestination, defaultSendsPerDest, 1, 64)
+	c.MaxSendsPerProject = l.count(EnvMaxSendsPerProject, defaultSendsPerProj, 1, 64)
+	c.CircuitTimeouts = l.count(EnvCircuitTimeouts, defaultCircuitTrips, 1, 1000)
+	c.CircuitOpen = l.duration(EnvCircuitOpen, defaultCircuitOpen)
 	c.Limits = rules.Limits{
 		RulesPerProject:   l.count(EnvMaxRules, rules.DefaultRulesPerProject, 1, 1_000_000),
 		WindowsPerRule:    l.count(EnvMaxWindows, rules.MaxWindowsPerRule, 1, rules.MaxWindowsPerRule),
