@@ -126,7 +126,6 @@ func TestSlackFloodOfOneProjectDoesNotDelayAnother(t *testing.T) {
 	for g := range groups {
 		flood = append(flood, event(attacker, "Error: a flood for one Slack webhook", fmt.Sprintf("flood-%d", g), true))
 	}
-	floodStart := time.Now()
 	h.publish(flood...)
 	const jobs = rulesN * groups
 	w.waitMetric(t, 60*time.Second, "the flood's jobs to wait for their turns", func(v float64) bool { return v >= jobs/2 },
@@ -144,12 +143,9 @@ func TestSlackFloodOfOneProjectDoesNotDelayAnother(t *testing.T) {
 	throttled := w.metric(t, "klaxon_notifications_total", "channel", "slack", "outcome", "throttled")
 	sent := w.metric(t, "klaxon_notifications_total", "channel", "slack", "outcome", "sent")
 	t.Logf("%v throttled passes, %v sent", throttled, sent)
-	// Each job reserves its turn once. A turn is either taken by its job
-	// or lost by one the delay queue held past it, which reserves another:
-	// at most one more pass per turn gone by (one a second).
-	turns := time.Since(floodStart).Seconds() + 1
-	if throttled > jobs+turns {
-		t.Errorf("%v throttled passes for %d jobs in %.0f turns: jobs cycle through the retry queue", throttled, jobs, turns)
+	// Each job reserves its turn once, and comes back once, at it.
+	if throttled > jobs {
+		t.Errorf("%v throttled passes for %d jobs: jobs cycle through the retry queue", throttled, jobs)
 	}
 }
 
@@ -178,11 +174,9 @@ func TestThrottledPassesAtMostTwiceSent(t *testing.T) {
 	if sent != n || throttled > 2*sent || throttled == 0 {
 		t.Errorf("%v throttled passes for %v sent, want some and at most twice as many", throttled, sent)
 	}
-	for i := 1; i < len(reqs); i++ {
-		// One a second, measured where the provider is; a few ms of
-		// scheduling between Redis' clock and the send.
-		if gap := reqs[i].Received.Sub(reqs[i-1].Received); gap < 900*time.Millisecond {
-			t.Errorf("Slack requests %d and %d %s apart, want a second", i-1, i, gap)
-		}
+	// One a second: a job held past its turn by the delay queue may go
+	// right before the next, but none goes before its turn.
+	if span := reqs[n-1].Received.Sub(reqs[0].Received); span < (n-1)*time.Second-100*time.Millisecond {
+		t.Errorf("%d Slack requests within %s, want one a second", n, span)
 	}
 }

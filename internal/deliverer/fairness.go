@@ -80,19 +80,17 @@ func (d *Deliverer) try(ctx context.Context, job *Job, key string, msg *notify.M
 	return retry, false, err
 }
 
-// lateForTurn is how late a job may come back for its turn and still take
-// it. A delay queue lets messages out in order, so a job can be held past
-// its turn by one published just before it with a longer wait; sent then,
-// it would go right before the next turn's job. Later than this it takes a
-// new turn instead: one more pass, not a burst at the provider.
-const lateForTurn = 100 * time.Millisecond
-
 // pace holds a job to its provider's rate limit: it reserves the job's turn
 // at the destination and, when that is later, puts the job back to come at
-// it, once (scheduled). A job back at its turn goes without asking again.
+// it, once (scheduled). A job back at its turn goes without asking again,
+// even late: a delay queue lets messages out in order, so one ahead with a
+// longer wait can hold it past its turn, and asking again would send it to
+// the back of the line, which under load starves the destination. The
+// price is a rare pair of sends close together, which providers allow as a
+// burst or answer with a 429 that is retried.
 func (d *Deliverer) pace(ctx context.Context, job *Job, dest, key string, msg *notify.Message, release func(context.Context) error) (scheduled bool, err error) {
 	limits := d.cfg.Limits[job.Channel]
-	if len(limits) == 0 || job.Paced && time.Since(job.NotBefore) <= lateForTurn {
+	if len(limits) == 0 || job.Paced {
 		return false, nil
 	}
 	wait, err := d.limiter.Reserve(ctx, dest, limits...)
