@@ -138,7 +138,9 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 	deadBounds := queue.Bounds{MaxMessages: cfg.DeadMaxMessages, MaxBytes: cfg.DeadMaxBytes}
 	dlv := deliverer.New(deliverer.Config{Prefix: cfg.Prefix, Queue: deliveryQueue(cfg), SendTimeout: cfg.SendTimeout,
-		FailedBounds: deadBounds, DigestMaxFirings: cfg.DigestMaxFirings, DigestMaxBytes: cfg.DigestMaxBytes},
+		FailedBounds: deadBounds, DigestMaxFirings: cfg.DigestMaxFirings, DigestMaxBytes: cfg.DigestMaxBytes,
+		MaxSendsPerDestination: cfg.MaxSendsPerDestination, MaxSendsPerProject: cfg.MaxSendsPerProject,
+		CircuitTimeouts: cfg.CircuitTimeouts, CircuitOpen: cfg.CircuitOpen},
 		chans, rdb, pub, log.With("stage", "deliverer"), m)
 	if cfg.Role.Delivers() {
 		c, err := queue.NewConsumer(queue.ConsumerConfig{

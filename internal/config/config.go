@@ -76,6 +76,11 @@ const (
 	EnvMaxMatchedTitle      = "KLAXON_MAX_MATCHED_TITLE_BYTES"
 	EnvMaxEmailRecipients   = "KLAXON_MAX_EMAIL_RECIPIENTS"
 	EnvEventURL             = "KLAXON_EVENT_URL"
+	// Fairness between projects in the deliverer.
+	EnvMaxSendsPerDestination = "KLAXON_MAX_SENDS_PER_DESTINATION"
+	EnvMaxSendsPerProject     = "KLAXON_MAX_SENDS_PER_PROJECT"
+	EnvCircuitTimeouts        = "KLAXON_CIRCUIT_TIMEOUTS"
+	EnvCircuitOpen            = "KLAXON_CIRCUIT_OPEN"
 )
 
 // Hawk's names for the same settings, and the defaults.
@@ -115,7 +120,11 @@ const (
 	defaultEventURL = "https://garage.hawk.so/project/{projectId}/event/{groupHash}/overview"
 	// noEventURL leaves the link out: an empty value takes the default,
 	// as for every variable.
-	noEventURL = "none"
+	noEventURL          = "none"
+	defaultSendsPerDest = 8
+	defaultSendsPerProj = 32
+	defaultCircuitTrips = 5
+	defaultCircuitOpen  = 30 * time.Second
 )
 
 // Variable describes one environment variable Load reads.
@@ -172,6 +181,10 @@ func Variables() []Variable {
 		{EnvMaxMatchedTitle, "", strconv.Itoa(rules.DefaultMatchedTitleBytes), false, "bytes at the start of an event title that filters search"},
 		{EnvMaxEmailRecipients, "", strconv.Itoa(rules.DefaultEmailRecipients), false, "addresses an email endpoint may name"},
 		{EnvEventURL, "", defaultEventURL, false, "link to an event in messages, with {projectId} and {groupHash}; none leaves it out"},
+		{EnvMaxSendsPerDestination, "", strconv.Itoa(defaultSendsPerDest), false, "sends one destination (channel and endpoint) may have in flight in a worker (1-64)"},
+		{EnvMaxSendsPerProject, "", strconv.Itoa(defaultSendsPerProj), false, "sends one project may have in flight in a worker (1-64)"},
+		{EnvCircuitTimeouts, "", strconv.Itoa(defaultCircuitTrips), false, "consecutive timeouts that open a destination's circuit (1-1000)"},
+		{EnvCircuitOpen, "", "30s", false, "how long an open circuit keeps a destination's jobs waiting before one send probes it"},
 	}
 }
 
@@ -231,6 +244,14 @@ type Config struct {
 	EventURL string
 	// Limits bound each project's rules (KLAXON_MAX_*).
 	Limits rules.Limits
+	// MaxSendsPerDestination and MaxSendsPerProject bound the sends in
+	// flight in one worker per destination and per project; a destination
+	// whose sends time out CircuitTimeouts times in a row has its circuit
+	// opened for CircuitOpen (KLAXON_MAX_SENDS_PER_*, KLAXON_CIRCUIT_*).
+	MaxSendsPerDestination int
+	MaxSendsPerProject     int
+	CircuitTimeouts        int
+	CircuitOpen            time.Duration
 }
 
 // EmailEnabled reports whether the email channel is configured.
@@ -404,6 +425,10 @@ func Load(getenv func(string) string) (Config, error) {
 	c.DeadMaxBytes = l.size(EnvDeadMaxBytes, defaultDeadBytes, 1<<20, 1<<40)
 	c.TelegramAllowedChats = l.chats()
 	c.EventURL = l.eventURL()
+	c.MaxSendsPerDestination = l.count(EnvMaxSendsPerDestination, defaultSendsPerDest, 1, 64)
+	c.MaxSendsPerProject = l.count(EnvMaxSendsPerProject, defaultSendsPerProj, 1, 64)
+	c.CircuitTimeouts = l.count(EnvCircuitTimeouts, defaultCircuitTrips, 1, 1000)
+	c.CircuitOpen = l.duration(EnvCircuitOpen, defaultCircuitOpen)
 	c.Limits = rules.Limits{
 		RulesPerProject:   l.count(EnvMaxRules, rules.DefaultRulesPerProject, 1, 1_000_000),
 		WindowsPerRule:    l.count(EnvMaxWindows, rules.MaxWindowsPerRule, 1, rules.MaxWindowsPerRule),

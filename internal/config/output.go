@@ -54,6 +54,10 @@ func (c Config) attrs() []slog.Attr {
 		slog.Int("max_filter_bytes", c.Limits.FilterBytes),
 		slog.Int("max_matched_title_bytes", c.Limits.MatchedTitleBytes),
 		slog.Int("max_email_recipients", c.Limits.EmailRecipients),
+		slog.Int("max_sends_per_destination", c.MaxSendsPerDestination),
+		slog.Int("max_sends_per_project", c.MaxSendsPerProject),
+		slog.Int("circuit_timeouts", c.CircuitTimeouts),
+		slog.String("circuit_open", c.CircuitOpen.String()),
 	}
 }
 

@@ -13,6 +13,9 @@ import (
 //go:embed limit.lua
 var limitLua string
 
+//go:embed reserve.lua
+var reserveLua string
+
 // Limit is at most Events within any sliding window of Per.
 type Limit struct {
 	Events int64
@@ -38,14 +41,15 @@ type Decision struct {
 // the buckets of the counting engine: it may wait up to one bucket longer
 // than needed, and never lets a window hold more than its limit.
 type Limiter struct {
-	rdb    redis.UniversalClient
-	script *redis.Script
-	prefix string
+	rdb     redis.UniversalClient
+	script  *redis.Script
+	reserve *redis.Script
+	prefix  string
 }
 
 // NewLimiter returns a limiter whose keys start with prefix.
 func NewLimiter(rdb redis.UniversalClient, prefix string) *Limiter {
-	return &Limiter{rdb: rdb, script: redis.NewScript(limitLua), prefix: prefix}
+	return &Limiter{rdb: rdb, script: redis.NewScript(limitLua), reserve: redis.NewScript(reserveLua), prefix: prefix}
 }
 
 // Allow counts one event for key if every limit allows it. Limits of other
@@ -75,4 +79,28 @@ func (l *Limiter) Allow(ctx context.Context, key string, limits ...Limit) (Decis
 		return Decision{}, fmt.Errorf("rate limit %s: %w", key, err)
 	}
 	return Decision{Allowed: r[0] == 1, RetryAfter: time.Duration(r[1]) * time.Millisecond}, nil
+}
+
+// Reserve takes the next turn of key under limits and says how long until
+// it comes: 0 means go now; 3s means the turn three seconds from now is
+// this caller's, and nobody else's. Unlike Allow, a caller told to wait
+// need not ask again: it comes back at its turn and goes. A turn not used
+// is lost, which only leaves a gap in the destination's pace.
+func (l *Limiter) Reserve(ctx context.Context, key string, limits ...Limit) (time.Duration, error) {
+	if len(limits) == 0 {
+		return 0, nil
+	}
+	args := make([]any, 0, 1+2*len(limits))
+	args = append(args, len(limits))
+	for _, lim := range limits {
+		if lim.Events < 1 || lim.Per < time.Millisecond {
+			return 0, fmt.Errorf("limit %d per %s: want at least 1 per 1ms", lim.Events, lim.Per)
+		}
+		args = append(args, lim.Events, lim.Per.Milliseconds())
+	}
+	wait, err := l.reserve.Run(ctx, l.rdb, []string{l.prefix + ":turns:" + key}, args...).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("reserve a turn for %s: %w", key, err)
+	}
+	return time.Duration(wait) * time.Millisecond, nil
 }

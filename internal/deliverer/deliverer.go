@@ -48,9 +48,9 @@ type Publisher interface {
 }
 
 // Limiter paces messages to one destination under several sliding-window
-// limits (counter.Limiter).
+// limits (counter.Limiter): Reserve gives each message its turn.
 type Limiter interface {
-	Allow(ctx context.Context, key string, limits ...counter.Limit) (counter.Decision, error)
+	Reserve(ctx context.Context, key string, limits ...counter.Limit) (time.Duration, error)
 }
 
 // DefaultLimits are the providers' own rate limits per destination, so that
@@ -105,6 +105,18 @@ type Config struct {
 	// past either are counted, and the digest says how many it left out.
 	DigestMaxFirings int
 	DigestMaxBytes   int
+	// MaxSendsPerDestination and MaxSendsPerProject bound the sends one
+	// destination (a channel and an endpoint), and one project, may have
+	// in flight in this deliverer at once [8, 32]; a job over either waits
+	// in the retry queues, so that a destination that hangs cannot take
+	// the sends every project shares.
+	MaxSendsPerDestination int
+	MaxSendsPerProject     int
+	// CircuitTimeouts consecutive timeouts of a destination open its
+	// circuit [5]: its jobs then wait CircuitOpen [30 s] in the retry
+	// queues, each wait counting as an attempt, until one send probes it.
+	CircuitTimeouts int
+	CircuitOpen     time.Duration
 }
 
 // Defaults of the digest bounds.
@@ -133,6 +145,9 @@ type Deliverer struct {
 	unrecorded sync.Map // string → unrecorded
 	// refused is which rules' refused endpoints were logged lately.
 	refused *refusals
+	// dests bounds each destination's and project's sends in flight, and
+	// keeps each destination's circuit.
+	dests *destinations
 }
 
 type unrecorded struct {
@@ -169,6 +184,10 @@ func New(cfg Config, channels map[string]notify.Channel, rdb redis.UniversalClie
 	if cfg.DigestMaxBytes <= 0 {
 		cfg.DigestMaxBytes = DefaultDigestMaxBytes
 	}
+	cfg.MaxSendsPerDestination = cmp.Or(max(cfg.MaxSendsPerDestination, 0), DefaultMaxSendsPerDestination)
+	cfg.MaxSendsPerProject = cmp.Or(max(cfg.MaxSendsPerProject, 0), DefaultMaxSendsPerProject)
+	cfg.CircuitTimeouts = cmp.Or(max(cfg.CircuitTimeouts, 0), DefaultCircuitTimeouts)
+	cfg.CircuitOpen = cmp.Or(max(cfg.CircuitOpen, 0), DefaultCircuitOpen)
 	n, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
 	return &Deliverer{
 		cfg: cfg, channels: channels, rdb: rdb, pub: pub, log: log, metrics: m,
@@ -178,6 +197,8 @@ func New(cfg Config, channels map[string]notify.Channel, rdb redis.UniversalClie
 		drop:     redis.NewScript(dropLua),
 		token:    strconv.FormatInt(n.Int64(), 36),
 		refused:  newRefusals(),
+		dests: newDestinations(cfg.MaxSendsPerDestination, cfg.MaxSendsPerProject,
+			cfg.CircuitTimeouts, cfg.CircuitOpen, cfg.SendTimeout+sendGrace),
 	}
 }
 
@@ -227,7 +248,10 @@ func (d *Deliverer) Handle(ctx context.Context, b *queue.Batch) error {
 			switch {
 			case time.Now().Before(job.NotBefore):
 				// Back from the longest retry queue before the provider's
-				// Retry-After ended: wait again, without a try.
+				// Retry-After or its turn: wait again, without a try.
+				if job.Paced {
+					d.metrics.Notifications.WithLabelValues(job.Channel, "throttled").Inc()
+				}
 				errs[i] = d.schedule(ctx, &job, time.Until(job.NotBefore), true)
 			case job.Notification == nil:
 				errs[i] = d.deliverDigest(ctx, &job, claim)
@@ -506,32 +530,10 @@ func (d *Deliverer) send(ctx context.Context, job *Job, key string, msg *notify.
 	// follows it get sendGrace after ctx ends.
 	ctx, cancel := withGrace(ctx, sendGrace)
 	defer cancel()
-	if limits := d.cfg.Limits[job.Channel]; len(limits) > 0 {
-		dest := sha256.Sum256([]byte(job.Endpoint)) // the endpoint may be a secret
-		dec, err := d.limiter.Allow(ctx, job.Channel+":"+hex.EncodeToString(dest[:12]), limits...)
-		if err != nil {
-			return err
-		}
-		if !dec.Allowed {
-			// Over the provider's pace: wait, without spending an attempt.
-			if err := release(ctx); err != nil {
-				return fmt.Errorf("release claim %s: %w", key, err)
-			}
-			d.metrics.Notifications.WithLabelValues(job.Channel, "throttled").Inc()
-			d.log.Debug("notification paced", "channel", job.Channel, "notification_id", msg.ID, "wait", dec.RetryAfter.String())
-			return d.schedule(ctx, job, dec.RetryAfter, true)
-		}
-	}
-	ch, ok := d.channels[job.Channel]
-	var retry bool
-	var err error
 	start := time.Now()
-	if !ok {
-		err = fmt.Errorf("channel %s is not configured on this worker", job.Channel)
-	} else {
-		sctx, cancel := context.WithTimeout(ctx, d.cfg.SendTimeout)
-		retry, err = ch.Notify(sctx, job.Endpoint, msg)
-		cancel()
+	retry, scheduled, err := d.try(ctx, job, key, msg, release)
+	if scheduled {
+		return err
 	}
 	log := d.log.With("channel", job.Channel, "project", job.ProjectID, "rule", job.RuleID,
 		"notification_id", msg.ID, "firings", len(msg.Notifications), "attempt", job.Attempt+1)
@@ -559,6 +561,7 @@ func (d *Deliverer) send(ctx context.Context, job *Job, key string, msg *notify.
 		}
 		next := *job
 		next.Attempt++
+		next.Paced = false // a retry takes a turn of its own
 		// A Retry-After sets the earliest retry, not the pace: taken
 		// instead of the backoff, a short one answered again and again
 		// would spend every attempt within seconds and lose the message.
@@ -571,8 +574,14 @@ func (d *Deliverer) send(ctx context.Context, job *Job, key string, msg *notify.
 		if longest := delays[len(delays)-1]; delay > longest {
 			next.NotBefore = time.Now().Add(delay)
 		}
-		log.Warn("notification failed, will retry", "error", err, "retry_in", delay.String())
-		d.metrics.Notifications.WithLabelValues(job.Channel, "retried").Inc()
+		if _, parked := errors.AsType[*errCircuitOpen](err); parked {
+			// Logged once, when the circuit opened, not once a job.
+			log.Debug("notification parked, will retry", "error", err, "retry_in", delay.String())
+			d.metrics.Notifications.WithLabelValues(job.Channel, "parked").Inc()
+		} else {
+			log.Warn("notification failed, will retry", "error", err, "retry_in", delay.String())
+			d.metrics.Notifications.WithLabelValues(job.Channel, "retried").Inc()
+		}
 		return d.schedule(ctx, &next, delay, true)
 	}
 	switch {
@@ -669,20 +678,28 @@ func runCleanup(ctx context.Context, f func(context.Context) error) error {
 }
 
 // schedule publishes job to come back on the delivery queue after delay:
-// through the longest retry queue not over it when exact is false (a flush
-// that must not come early, and is re-checked on arrival), or the shortest
-// at or over it when exact is true (a retry that must not come too soon).
+// through the longest retry queue not over it when atLeast is false (a
+// flush that must not come early, and is re-checked on arrival), or the
+// shortest at or over it, expiring at delay, when atLeast is true (a retry
+// that must not come too soon, a turn reserved at the provider's pace).
 func (d *Deliverer) schedule(ctx context.Context, job *Job, delay time.Duration, atLeast bool) error {
 	body, err := json.Marshal(job)
 	if err != nil {
 		return fmt.Errorf("encode job: %w", err)
 	}
-	q := d.delayQueue(pickDelay(delay, atLeast))
+	rung := pickDelay(delay, atLeast)
+	q := d.delayQueue(rung)
 	id := "flush"
 	if job.Notification != nil {
 		id = job.Key()
 	}
-	if err := d.pub.Publish(ctx, queue.Message{RoutingKey: q, Body: body, MessageID: id, ContentType: "application/json"}); err != nil {
+	m := queue.Message{RoutingKey: q, Body: body, MessageID: id, ContentType: "application/json"}
+	if atLeast && delay < rung {
+		// Out at delay rather than the rung's TTL, unless a message ahead
+		// in the queue holds it (a queue lets messages out in order).
+		m.Expiration = delay
+	}
+	if err := d.pub.Publish(ctx, m); err != nil {
 		return fmt.Errorf("schedule %s on %s: %w", id, q, err)
 	}
 	return nil

@@ -38,6 +38,9 @@ type Job struct {
 	// than the longest retry queue: a job back from that queue earlier waits
 	// again instead of being refused again.
 	NotBefore time.Time `json:"notBefore,omitzero"`
+	// Paced is set when the job's turn at its provider's pace was
+	// reserved (NotBefore): back at it, the job goes without asking again.
+	Paced bool `json:"paced,omitempty"`
 }
 
 // Key identifies the job for de-duplication: a firing on a channel.

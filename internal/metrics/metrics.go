@@ -16,8 +16,15 @@ type Metrics struct {
 	// Firings by type (new, threshold).
 	Firings *prometheus.CounterVec
 	// Notifications by channel and outcome: sent, digested, retried,
-	// throttled (paced to the provider's rate limit), failed, duplicate.
+	// throttled (paced to the provider's rate limit), deferred (its
+	// destination or project had every send it may have in flight),
+	// parked (its destination's circuit was open), failed, duplicate.
 	Notifications *prometheus.CounterVec
+	// CircuitChanges counts destinations' circuits changing state, by
+	// channel and new state (open, half_open, closed).
+	CircuitChanges *prometheus.CounterVec
+	// CircuitsOpen is how many destinations' circuits are not closed.
+	CircuitsOpen *prometheus.GaugeVec
 	// DeliveryLatency is from firing to the provider's acceptance, by channel.
 	DeliveryLatency *prometheus.HistogramVec
 	// EventLag is how old an event with a timestamp is when counted.
@@ -59,6 +66,12 @@ func New(reg prometheus.Registerer) *Metrics {
 		Notifications: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "klaxon_notifications_total", Help: "Notification deliveries by channel and outcome.",
 		}, []string{"channel", "outcome"}),
+		CircuitChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "klaxon_circuit_changes_total", Help: "Destination circuits changing state, by channel and new state.",
+		}, []string{"channel", "state"}),
+		CircuitsOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "klaxon_circuits_open", Help: "Destinations whose circuit is open or half-open, by channel.",
+		}, []string{"channel"}),
 		DeliveryLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "klaxon_delivery_latency_seconds",
 			Help:    "From the firing to the provider accepting the message.",
@@ -85,7 +98,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "klaxon_dependency_up", Help: "1 while a dependency answers.",
 		}, []string{"dependency"}),
 	}
-	reg.MustRegister(m.Events, m.RulesEvaluated, m.Firings, m.Notifications, m.DeliveryLatency,
+	reg.MustRegister(m.Events, m.RulesEvaluated, m.Firings, m.Notifications, m.CircuitChanges, m.CircuitsOpen, m.DeliveryLatency,
 		m.EventLag, m.QueueDepth, m.Batches, m.RuleLoads, m.RuleWarnings, m.Up)
 	return m
 }

@@ -52,6 +52,10 @@ type Message struct {
 	ContentType     string
 	ContentEncoding string
 	Timestamp       time.Time
+	// Expiration, when positive, is the message's own TTL (whole ms): on a
+	// delay queue it comes out after this, sooner than the queue's TTL,
+	// once it reaches the queue's head.
+	Expiration time.Duration
 }
 
 func (m Message) publishing() amqp.Publishing {
@@ -62,8 +66,17 @@ func (m Message) publishing() amqp.Publishing {
 		DeliveryMode:    amqp.Persistent,
 		MessageId:       m.MessageID,
 		Timestamp:       m.Timestamp,
+		Expiration:      expiration(m.Expiration),
 		Body:            m.Body,
 	}
+}
+
+// expiration is the AMQP expiration property for d: "" for none.
+func expiration(d time.Duration) string {
+	if d <= 0 {
+		return ""
+	}
+	return strconv.FormatInt(max(d.Milliseconds(), 1), 10)
 }
 
 // Publisher publishes with publisher confirms over one connection that it
