@@ -224,7 +224,9 @@ func KeyPrefix(t testing.TB) string {
 	prefix := "klaxontest:" + randomHex(6)
 	t.Cleanup(func() {
 		defer rdb.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), dialTimeout)
+		// A scan visits the whole keyspace: give a Redis that other tests or
+		// benchmarks fill with many keys time to finish it.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if err := deleteKeys(ctx, rdb, prefix); err != nil {
 			t.Errorf("testenv: delete Redis keys %s*: %v", prefix, err)
@@ -236,7 +238,7 @@ func KeyPrefix(t testing.TB) string {
 // deleteKeys deletes every key that starts with prefix, which holds no glob
 // metacharacters.
 func deleteKeys(ctx context.Context, rdb *redis.Client, prefix string) error {
-	iter := rdb.Scan(ctx, 0, prefix+"*", 500).Iterator()
+	iter := rdb.Scan(ctx, 0, prefix+"*", 5000).Iterator()
 	var batch []string
 	for iter.Next(ctx) {
 		batch = append(batch, iter.Val())
