@@ -93,8 +93,11 @@ func (e *Engine) observeFast(ctx context.Context, b *batch, groups []*group) (sl
 	}
 	for _, c := range calls {
 		stored, err := c.cmd.Int64Slice()
-		if err != nil || len(stored) != len(c.groups) {
-			return nil, fmt.Errorf("store states from %s: reply %v: %w", c.keys[0], stored, err)
+		if err != nil {
+			return nil, fmt.Errorf("store states from %s: %w", c.keys[0], err)
+		}
+		if len(stored) != len(c.groups) {
+			return nil, fmt.Errorf("store states from %s: %d answers for %d groups", c.keys[0], len(stored), len(c.groups))
 		}
 		for i, g := range c.groups {
 			if stored[i] != 1 {
