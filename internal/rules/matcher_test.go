@@ -127,7 +127,8 @@ func TestMatcherExamples(t *testing.T) {
 // excluding words, each a run of one letter ending in another, as long as
 // FilterBytes allows, against a title that is a run of the same letter:
 // substring search finds none of them and compares nearly the whole word
-// at every offset.
+// at every offset. The last word is in the title, so no rule matches: the
+// events cost their project matching only.
 func attack(tb testing.TB) ([]*Rule, string) {
 	var rs []*Rule
 	for i := range DefaultRulesPerProject {
@@ -136,6 +137,7 @@ func attack(tb testing.TB) ([]*Rule, string) {
 			// Distinct lengths within a rule, 60 to 80 bytes.
 			words[k] = strings.Repeat("a", 59+(i+k)%21) + "b"
 		}
+		words[len(words)-1] = "aaaa"
 		r, _, err := Compile("p", Spec{ID: fmt.Sprint("r", i), IsEnabled: true, WhatToReceive: OnlyNew,
 			Excluding: words, Channels: hook()})
 		if err != nil {
@@ -212,8 +214,8 @@ func BenchmarkNewMatcherPathological(b *testing.B) {
 func TestPathologicalMatchIsFast(t *testing.T) {
 	rs, title := attack(t)
 	m := NewMatcher(rs)
-	if got := m.Match(title, true, nil); len(got) != len(rs) {
-		t.Fatalf("%d rules of %d match a title that has none of their excluded words", len(got), len(rs))
+	if got := m.Match(title, true, nil); len(got) != 0 {
+		t.Fatalf("%d rules match a title that has one of their excluded words", len(got))
 	}
 	res := testing.Benchmark(func(b *testing.B) {
 		for b.Loop() {
