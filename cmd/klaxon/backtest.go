@@ -90,9 +90,10 @@ type replayReport struct {
 	First, Last time.Time  `json:"-"`
 }
 
-// projectRules gives a project's enabled rules, as the rule cache does.
+// projectRules gives the matcher of a project's enabled rules, as the rule
+// cache does.
 type projectRules interface {
-	Rules(projectID string) []*rules.Rule
+	Matcher(projectID string) *rules.Matcher
 }
 
 // replay reads messages from r and counts them with the counter's Model,
@@ -118,18 +119,12 @@ func replay(r io.Reader, set projectRules, now time.Time) (*replayReport, error)
 		if m.Event.Timestamp == nil {
 			return nil, fmt.Errorf("line %d: event.timestamp is missing: a replay counts every event at its own time", line)
 		}
-		projectRules := set.Rules(m.ProjectID)
-		if len(projectRules) == 0 {
+		matcher := set.Matcher(m.ProjectID)
+		if matcher.Len() == 0 {
 			rep.Events.NoRules++
 			continue
 		}
-		lower := strings.ToLower(m.Event.Title) // as Handle: Matches takes it lower-cased
-		var matched []*rules.Rule
-		for _, r := range projectRules {
-			if r.Matches(lower, m.Event.IsNew) {
-				matched = append(matched, r)
-			}
-		}
+		matched := matcher.Match(m.Event.Title, m.Event.IsNew, nil) // as Handle
 		if len(matched) == 0 {
 			rep.Events.Unmatched++
 			continue

@@ -180,3 +180,60 @@ func TestThrottledPassesAtMostTwiceSent(t *testing.T) {
 		t.Errorf("%d Slack requests within %s, want one a second", n, span)
 	}
 }
+
+// A project whose 100 rules each exclude 50 words that substring search
+// finds hardest (runs of one letter ending in another, against a title of
+// 8 KiB of that letter) must not delay another project's notification:
+// matching costs an event its title's length, whatever the project's
+// words. Before, each such event cost ~150 ms, and a burst of them held the
+// evaluator's batches for seconds.
+func TestPathologicalFiltersOfOneProjectDoNotDelayAnother(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	// Today's default limits, stated: the attack stays within them.
+	for k, v := range map[string]string{
+		"KLAXON_MAX_RULES_PER_PROJECT":   "100",
+		"KLAXON_MAX_FILTER_WORDS":        "50",
+		"KLAXON_MAX_FILTER_WORD_BYTES":   "200",
+		"KLAXON_MAX_FILTER_BYTES":        "4096",
+		"KLAXON_MAX_MATCHED_TITLE_BYTES": "8192",
+	} {
+		h.env[k] = v
+	}
+	var rs []bson.M
+	for i := range 100 {
+		words := bson.A{}
+		for k := range 49 {
+			words = append(words, strings.Repeat("a", 59+(i+k)%21)+"b") // 60-80 bytes, none in the title
+		}
+		// In the title, and last: every rule searches all its words, then
+		// excludes the event, so the attack costs matching alone.
+		words = append(words, "aaaa")
+		rs = append(rs, rule(bson.M{"whatToReceive": "ONLY_NEW", "excluding": words, "channels": h.webhookOnly()}))
+	}
+	attacker := h.project(rs...)
+	other := h.project(rule(bson.M{"whatToReceive": "ONLY_NEW", "channels": h.webhookOnly()}))
+	w := h.start()
+
+	const burst = 100
+	title := strings.Repeat("A", 8192)
+	var msgs []message
+	for i := range burst {
+		msgs = append(msgs, event(attacker, title, fmt.Sprint("attack-", i), true))
+	}
+	h.publish(msgs...)
+	took := h.newErrorArrives(other)
+	t.Logf("the other project's notification took %s behind %d pathological events", took.Round(time.Millisecond), burst)
+	if took > fairBound {
+		t.Errorf("the other project's notification took %s, want at most %s", took.Round(time.Millisecond), fairBound)
+	}
+	// The attack was matched, and excluded, rule by rule: not skipped.
+	w.waitMetric(t, 30*time.Second, "the attacker's events to be matched and excluded", func(v float64) bool { return v >= burst },
+		"klaxon_events_total", "outcome", "unmatched")
+	if got := len(h.webhook.Requests()); got != 1 {
+		t.Errorf("%d webhook requests, want the other project's one", got)
+	}
+	if n := h.logCount("rule skipped"); n != 0 {
+		t.Errorf("%d rules skipped; the attack must stay within the limits", n)
+	}
+}

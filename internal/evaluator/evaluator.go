@@ -27,11 +27,12 @@ import (
 // ErrorHeader is the header of a dead letter that says what was wrong.
 const ErrorHeader = "x-klaxon-error"
 
-// Rules gives a project's enabled rules; the hot path calls it per event.
-// Before the first load (the store unreachable at start) it is not Ready:
-// "no rules" then means "not known yet", not "none".
+// Rules gives the matcher of a project's enabled rules (nil for none); the
+// hot path calls it per event. Before the first load (the store unreachable
+// at start) it is not Ready: "no rules" then means "not known yet", not
+// "none".
 type Rules interface {
-	Rules(projectID string) []*rules.Rule
+	Matcher(projectID string) *rules.Matcher
 	Ready() bool
 }
 
@@ -97,22 +98,16 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 			e.Log.Warn("dead-lettered a message", "queue", e.DeadQueue, "message_id", d.MessageID, "error", err)
 			continue
 		}
-		projectRules := e.Rules.Rules(m.ProjectID)
-		if len(projectRules) == 0 {
+		matcher := e.Rules.Matcher(m.ProjectID)
+		if matcher.Len() == 0 {
 			tally[outNoRules]++
 			continue
 		}
-		// Matches lower-cases the title for every rule with a filter: do it
-		// once here, and Matches' own strings.ToLower of a lower-case title
-		// returns it as is, without allocating (lower-casing is idempotent,
-		// see TestLowerCaseIsIdempotent).
-		lower := strings.ToLower(m.Event.Title)
+		// One pass over the title for all of the project's words: a
+		// project's filters cannot make its events cost more than their
+		// titles' length (issue 11).
 		first := len(matched)
-		for _, r := range projectRules {
-			if r.Matches(lower, m.Event.IsNew) {
-				matched = append(matched, r)
-			}
-		}
+		matched = matcher.Match(m.Event.Title, m.Event.IsNew, matched)
 		if len(matched) == first {
 			tally[outUnmatched]++
 			continue

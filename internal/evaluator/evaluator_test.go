@@ -270,8 +270,8 @@ func BenchmarkHandle(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(batch.Deliveries)), "ns/event")
 }
 
-// The evaluator lower-cases a title once and hands the result to
-// rules.Matches, which lower-cases it again: that must change nothing.
+// A caller may lower-case a title before rules.Matches or rules.Matcher
+// lower-case it again: that must change nothing.
 func TestLowerCaseIsIdempotent(t *testing.T) {
 	for r := rune(0); r <= unicode.MaxRune; r++ {
 		if !utf8.ValidRune(r) {
@@ -287,8 +287,8 @@ func TestLowerCaseIsIdempotent(t *testing.T) {
 // notLoaded is a rule source whose first load has not succeeded.
 type notLoaded struct{}
 
-func (notLoaded) Rules(string) []*rules.Rule { return nil }
-func (notLoaded) Ready() bool                { return false }
+func (notLoaded) Matcher(string) *rules.Matcher { return nil }
+func (notLoaded) Ready() bool                   { return false }
 
 // Before any rules were loaded, a batch is held (not acked), not taken as
 // events of projects without rules and dropped.

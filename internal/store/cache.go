@@ -83,6 +83,12 @@ func (c *Cache) Rules(projectID string) []*rules.Rule {
 	return c.snap.Load().Rules(projectID)
 }
 
+// Matcher returns the matcher of the project's enabled rules in the
+// current snapshot, or nil. It takes no lock and does not allocate.
+func (c *Cache) Matcher(projectID string) *rules.Matcher {
+	return c.snap.Load().Matcher(projectID)
+}
+
 // Snapshot returns the current snapshot, or nil before the first good load.
 func (c *Cache) Snapshot() *Snapshot {
 	return c.snap.Load()

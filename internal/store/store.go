@@ -84,11 +84,13 @@ func (p Problem) String() string {
 	return what + ": " + p.Reason
 }
 
-// Snapshot is one load's rules, validated and enabled, by project. It never
+// Snapshot is one load's rules, validated and enabled, by project, each
+// project's compiled into one rules.Matcher when loaded, so that matching
+// an event costs its title's length whatever the project's words. It never
 // changes once made; neither do the rules it holds, which callers must not
 // modify.
 type Snapshot struct {
-	byProject map[string][]*rules.Rule
+	byProject map[string]*rules.Matcher
 	problems  []Problem
 	count     int
 	loadedAt  time.Time
@@ -111,7 +113,7 @@ func Compile(specs Specs, loadedAt time.Time) *Snapshot {
 // of specs.
 func CompileWithin(specs Specs, loadedAt time.Time, limits rules.Limits) *Snapshot {
 	s := &Snapshot{
-		byProject: make(map[string][]*rules.Rule, len(specs.Projects)),
+		byProject: make(map[string]*rules.Matcher, len(specs.Projects)),
 		problems:  slices.Clone(specs.Problems),
 		loadedAt:  loadedAt,
 	}
@@ -165,7 +167,7 @@ func CompileWithin(specs Specs, loadedAt time.Time, limits rules.Limits) *Snapsh
 				Reason: fmt.Sprintf("over the limit of %d rules per project: %d enabled rules skipped, from this one on", maxRules, over)})
 		}
 		if len(compiled) > 0 {
-			s.byProject[projectID] = slices.Clip(compiled)
+			s.byProject[projectID] = rules.NewMatcher(slices.Clip(compiled))
 			s.count += len(compiled)
 		}
 	}
@@ -178,6 +180,12 @@ func (s *Snapshot) Ready() bool { return true }
 // Rules returns the enabled rules of the project, in stored order, or nil.
 // The project id is matched case-insensitively. A nil Snapshot has no rules.
 func (s *Snapshot) Rules(projectID string) []*rules.Rule {
+	return s.Matcher(projectID).Rules()
+}
+
+// Matcher returns the matcher of the project's enabled rules, or nil (no
+// rules). The project id is matched case-insensitively.
+func (s *Snapshot) Matcher(projectID string) *rules.Matcher {
 	if s == nil {
 		return nil
 	}
