@@ -166,14 +166,28 @@ local PS, FIRST, LAST, SUM, L_, P_, B_, UNTIL, SEEN = 1, 2, 3, 4, 5, 6, 7, 8, 9
 
 -- ring returns the ring of window w in g, unpacked on first use; a ring
 -- past its until starts empty.
+-- find is the index in flat (sections of four values, tag first) of tag, or
+-- nil: a scan while the sections are few, an index by tag once they are
+-- many, so that a project of many rules costs each lookup the same.
+local function find_tag(flat, index, tag)
+  local n = #flat
+  if n <= 64 then
+    for j = 1, n, 4 do
+      if flat[j] == tag then return j end
+    end
+    return nil, index
+  end
+  if not index or index.n ~= n then
+    index = index or {}
+    for j = (index.n or 0) + 1, n, 4 do index[flat[j]] = j end
+    index.n = n
+  end
+  return index[tag], index
+end
+
 local function ring(g, w)
   local rh, i = g.rh, nil
-  for j = 1, #rh, 4 do
-    if rh[j] == w.ring then
-      i = j
-      break
-    end
-  end
+  i, g.ri = find_tag(rh, g.ri, w.ring)
   if not i then
     i = #rh + 1
     rh[i], rh[i + 1], rh[i + 2], rh[i + 3] = w.ring, 0, 0, 0
@@ -235,13 +249,13 @@ end
 -- kept only once it counts.
 local function state(g, tag)
   local st = g.st
-  for j = 1, #st, 4 do
-    if st[j] == tag then
-      if st[j + 1] <= now then st[j + 1], st[j + 2], st[j + 3] = 0, 0, 0 end
-      return j
-    end
+  local j
+  j, g.si = find_tag(st, g.si, tag)
+  if j then
+    if st[j + 1] <= now then st[j + 1], st[j + 2], st[j + 3] = 0, 0, 0 end
+    return j
   end
-  local j = #st + 1
+  j = #st + 1
   st[j], st[j + 1], st[j + 2], st[j + 3] = tag, 0, 0, 0
   return j
 end
