@@ -245,7 +245,7 @@ func ruleCache(cfg config.Config, log *slog.Logger, m *metrics.Metrics) (*store.
 	if cfg.RulesFile != "" {
 		src = store.NewFileSource(cfg.RulesFile)
 	} else {
-		mongo, err := newMongoSource(cfg.MongoURL, log.With("stage", "rules"))
+		mongo, err := newMongoSource(cfg.MongoURL, cfg.MongoDatabase, log.With("stage", "rules"))
 		if err != nil {
 			return nil, nil, err
 		}
