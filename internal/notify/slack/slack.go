@@ -15,10 +15,11 @@ import (
 
 	"github.com/klaxonhq/klaxon/internal/netguard"
 	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/rules"
 )
 
 // Name is the channel's name in rules and errors.
-const Name = "slack"
+const Name = rules.Slack
 
 // Slack's limits: a payload over them is refused with 400 invalid_blocks,
 // which would lose the message for good.
