@@ -27,6 +27,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/klaxonhq/klaxon/internal/config"
+	"github.com/klaxonhq/klaxon/internal/notify/email"
 )
 
 const metricsPort = 9464
@@ -339,7 +340,7 @@ func TestCompose(t *testing.T) {
 			t.Errorf("docker-compose.yml: %s=%q does not point at %s", name, env[name], host)
 		}
 	}
-	if c.SMTPTLS != config.TLSNone {
+	if c.SMTPTLS != email.TLSNone {
 		t.Errorf("docker-compose.yml: Mailpit speaks plain SMTP, KLAXON_SMTP_TLS is %q", c.SMTPTLS)
 	}
 }
