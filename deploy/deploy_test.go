@@ -33,7 +33,7 @@ import (
 const metricsPort = 9464
 
 // minGrace is the least time a worker must be given between SIGTERM and
-// SIGKILL: Klaxon exits within 10 s of SIGTERM (CONTRACT §1), plus a margin.
+// SIGKILL: Klaxon exits within 10 s of SIGTERM (docs/contract.md §7), plus a margin.
 const minGrace = 15 * time.Second
 
 // knownVariables maps every name config.Load reads, Hawk aliases included.

@@ -1,5 +1,5 @@
 // Package config reads Klaxon's settings from environment variables
-// (CONTRACT §1 plus a few tuning knobs), applies defaults and Hawk's alias
+// (docs/configuration.md lists them), applies defaults and Hawk's alias
 // names, and validates every value before anything starts.
 //
 // Load is the only entry point. It never reads the process environment

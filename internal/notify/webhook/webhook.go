@@ -1,5 +1,5 @@
 // Package webhook delivers notifications as JSON POSTs to a user's URL, in
-// the format of CONTRACT §5 that users code against.
+// the format of docs/contract.md §5.1 that users code against.
 package webhook
 
 import (
