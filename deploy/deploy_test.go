@@ -27,12 +27,13 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/klaxonhq/klaxon/internal/config"
+	"github.com/klaxonhq/klaxon/internal/notify/email"
 )
 
 const metricsPort = 9464
 
 // minGrace is the least time a worker must be given between SIGTERM and
-// SIGKILL: Klaxon exits within 10 s of SIGTERM (CONTRACT §1), plus a margin.
+// SIGKILL: Klaxon exits within 10 s of SIGTERM (docs/contract.md §7), plus a margin.
 const minGrace = 15 * time.Second
 
 // knownVariables maps every name config.Load reads, Hawk aliases included.
@@ -339,7 +340,7 @@ func TestCompose(t *testing.T) {
 			t.Errorf("docker-compose.yml: %s=%q does not point at %s", name, env[name], host)
 		}
 	}
-	if c.SMTPTLS != config.TLSNone {
+	if c.SMTPTLS != email.TLSNone {
 		t.Errorf("docker-compose.yml: Mailpit speaks plain SMTP, KLAXON_SMTP_TLS is %q", c.SMTPTLS)
 	}
 }

@@ -64,7 +64,7 @@ type Result struct {
 	// the sink looked it up (and a worker was killed between the connection
 	// and the lookup), or killed within crashWindow of the sink reading the
 	// request; and whose next copy waited for the dead sender's claim to
-	// expire. That is the window CONTRACT §4 allows: the provider took the
+	// expire. That is the window docs/contract.md §4.5 allows: the provider took the
 	// message, Klaxon never learnt it. Every repeat must be one of these.
 	RepeatsAfterKill int `json:"repeatsAfterKill"`
 	// Bad counts requests whose body is not the notification its
@@ -105,7 +105,7 @@ type repeat struct {
 	Gap         string `json:"gap"` // between the first and second copies
 }
 
-// OK reports whether the run upheld CONTRACT §4.
+// OK reports whether the run upheld docs/contract.md §4.5.
 func (r *Result) OK() bool {
 	return r.Missed == 0 && r.Extra == 0 && r.Bad == 0 && len(r.UnexpectedExits) == 0 && r.Unsettled == "" &&
 		r.Repeats == r.RepeatsAfterKill && r.Failed == 0 && r.Dead == 0

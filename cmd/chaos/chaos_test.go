@@ -21,7 +21,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
-// CONTRACT §4 under crashes: three worker processes on one queue, one of
+// docs/contract.md §4.5 under crashes: three worker processes on one queue, one of
 // them SIGKILLed about every 300 ms and replaced, and every firing notified
 // exactly once, but for the repeats that a kill between the provider's
 // answer and Klaxon's record causes.

@@ -194,7 +194,7 @@ func (f *fleet) waitReady(ctx context.Context, b *broker, queues ...string) erro
 	}
 }
 
-// stopAll sends SIGTERM to every process and waits for them: CONTRACT §1
+// stopAll sends SIGTERM to every process and waits for them: docs/contract.md §7
 // says a worker exits 0 within 10 s. One that does not is killed and
 // recorded. Later starts are refused until resume.
 func (f *fleet) stopAll(ctx context.Context) {

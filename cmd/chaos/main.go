@@ -1,4 +1,4 @@
-// Command chaos checks CONTRACT §4 under crashes: several worker processes
+// Command chaos checks docs/contract.md §4.5 under crashes: several worker processes
 // consume one queue while it SIGKILLs and restarts them at random, and every
 // firing must yield exactly one webhook notification. The only repeat
 // allowed is a crash after the provider accepted a message but before

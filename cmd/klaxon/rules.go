@@ -25,7 +25,7 @@ func ruleSource(cfg config.Config, file string) (src store.Source, name string, 
 	if file != "" {
 		return store.NewFileSource(file), file, func() {}, nil
 	}
-	mongo, err := store.NewMongoSource(cfg.MongoURL)
+	mongo, err := store.NewMongoSource(cfg.MongoURL, cfg.MongoDatabase)
 	if err != nil {
 		return nil, "", nil, err
 	}

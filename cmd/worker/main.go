@@ -57,7 +57,7 @@ func main() {
 		// From the first signal on, a second one ends the process at once.
 		stop()
 		// Every stage bounds its own stop, but a dependency that stops
-		// answering mid-close can still add up past CONTRACT §1's 10 s. What
+		// answering mid-close can still add up past the 10 s of docs/contract.md §7. What
 		// is unfinished then is unacked: the broker hands it to another
 		// worker, exactly as after a crash, which Klaxon is built to survive.
 		time.AfterFunc(stopDeadline, func() {
@@ -73,7 +73,7 @@ func main() {
 }
 
 // stopDeadline is how long main lets run stop after a signal before exiting
-// anyway; CONTRACT §1 promises an exit within 10 s.
+// anyway; docs/contract.md §7 promises an exit within 10 s.
 const stopDeadline = 9500 * time.Millisecond
 
 // run wires the worker from cfg and runs it until ctx is cancelled.
@@ -245,7 +245,7 @@ func ruleCache(cfg config.Config, log *slog.Logger, m *metrics.Metrics) (*store.
 	if cfg.RulesFile != "" {
 		src = store.NewFileSource(cfg.RulesFile)
 	} else {
-		mongo, err := newMongoSource(cfg.MongoURL, log.With("stage", "rules"))
+		mongo, err := newMongoSource(cfg.MongoURL, cfg.MongoDatabase, log.With("stage", "rules"))
 		if err != nil {
 			return nil, nil, err
 		}

@@ -17,7 +17,7 @@ import (
 // is built, loads fail like those of any unreachable store: the worker is
 // not ready, holds its events, and the rule cache retries and logs.
 type mongoSource struct {
-	url string
+	url, database string
 
 	mu  sync.Mutex
 	src *store.MongoSource // nil until built
@@ -25,8 +25,8 @@ type mongoSource struct {
 
 // newMongoSource builds the source now if it can. Only a failed DNS lookup
 // is put off; any other error is the URL's and stops the worker at once.
-func newMongoSource(url string, log *slog.Logger) (*mongoSource, error) {
-	s := &mongoSource{url: url}
+func newMongoSource(url, database string, log *slog.Logger) (*mongoSource, error) {
+	s := &mongoSource{url: url, database: database}
 	if _, err := s.source(); err != nil {
 		var dnsErr *net.DNSError
 		if !errors.As(err, &dnsErr) {
@@ -41,7 +41,7 @@ func (s *mongoSource) source() (*store.MongoSource, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.src == nil {
-		src, err := store.NewMongoSource(s.url)
+		src, err := store.NewMongoSource(s.url, s.database)
 		if err != nil {
 			return nil, err
 		}

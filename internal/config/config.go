@@ -1,5 +1,5 @@
 // Package config reads Klaxon's settings from environment variables
-// (CONTRACT §1 plus a few tuning knobs), applies defaults and Hawk's alias
+// (docs/configuration.md lists them), applies defaults and Hawk's alias
 // names, and validates every value before anything starts.
 //
 // Load is the only entry point. It never reads the process environment
@@ -27,6 +27,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
 
+	"github.com/klaxonhq/klaxon/internal/notify/email"
 	"github.com/klaxonhq/klaxon/internal/rules"
 )
 
@@ -91,12 +92,12 @@ const (
 	defaultAMQPURL       = "amqp://guest:guest@127.0.0.1:5672/"
 	defaultQueue         = "notifier"
 	defaultRedisURL      = "redis://127.0.0.1:6379/0"
-	defaultMongoURL      = "mongodb://127.0.0.1:27017/hawk"
-	defaultMongoDB       = "hawk"
+	defaultMongoDB       = "hawk" // Hawk's accounts database
+	defaultMongoURL      = "mongodb://127.0.0.1:27017/" + defaultMongoDB
 	defaultPrefix        = "klaxon"
 	defaultHTTPAddr      = "127.0.0.1:9464"
 	defaultSMTPFrom      = "klaxon@localhost"
-	defaultSMTPTLS       = string(TLSStartTLS)
+	defaultSMTPTLS       = email.TLSStartTLS
 	defaultTelegramAPI   = "https://api.telegram.org"
 	defaultLogLevel      = "info"
 	defaultRole          = string(RoleAll)
@@ -106,6 +107,7 @@ const (
 	defaultDedupTTL      = 10 * time.Minute
 	defaultRefresh       = 5 * time.Second
 	defaultSendTimeout   = 10 * time.Second
+	defaultPprof         = false
 	defaultAllowPorts    = "80,443"
 	defaultSlackHosts    = "hooks.slack.com/services/"
 	defaultTelegramHooks = "notify.bot.codex.so"
@@ -151,7 +153,7 @@ func Variables() []Variable {
 		{EnvSMTPUsername, "", "", false, "SMTP user name; no authentication when unset"},
 		{EnvSMTPPassword, "", "", true, "SMTP password"},
 		{EnvSMTPFrom, "", defaultSMTPFrom, false, "sender address of notification emails"},
-		{EnvSMTPTLS, "", defaultSMTPTLS, false, "SMTP transport security: none, starttls or tls"},
+		{EnvSMTPTLS, "", string(defaultSMTPTLS), false, "SMTP transport security: none, starttls or tls"},
 		{EnvTelegramToken, "", "", true, "Telegram bot token; Telegram is disabled when unset"},
 		{EnvTelegramAPIURL, "", defaultTelegramAPI, false, "Telegram Bot API base URL"},
 		{EnvLogLevel, "", defaultLogLevel, false, "debug, info, warn or error"},
@@ -159,19 +161,19 @@ func Variables() []Variable {
 		{EnvPrefetch, "", strconv.Itoa(defaultPrefetch), false, "unacknowledged messages one worker holds per queue (1-65535)"},
 		{EnvBatchSize, "", strconv.Itoa(defaultBatchSize), false, "most events counted in one Redis call; at most KLAXON_PREFETCH"},
 		{EnvGroupsPerCall, "", strconv.Itoa(defaultGroupsPerCall), false, "(project, group)s counted in one Lua call on a single Redis node or Sentinel (1-1000; always 1 on Cluster); 1 behind a proxy that routes commands by key"},
-		{EnvDedupTTL, "", "10m", false, "how long an AMQP message-id is remembered for de-duplication"},
-		{EnvRulesRefresh, "", "5s", false, "how often rules are reloaded from MongoDB or the file"},
-		{EnvSendTimeout, "", "10s", false, "time limit of one delivery attempt to a provider"},
-		{EnvPprof, "", "false", false, "serve Go's profiler (net/http/pprof) under /debug/pprof/ on KLAXON_HTTP_ADDR"},
+		{EnvDedupTTL, "", formatDuration(defaultDedupTTL), false, "how long an AMQP message-id is remembered for de-duplication"},
+		{EnvRulesRefresh, "", formatDuration(defaultRefresh), false, "how often rules are reloaded from MongoDB or the file"},
+		{EnvSendTimeout, "", formatDuration(defaultSendTimeout), false, "time limit of one delivery attempt to a provider"},
+		{EnvPprof, "", strconv.FormatBool(defaultPprof), false, "serve Go's profiler (net/http/pprof) under /debug/pprof/ on KLAXON_HTTP_ADDR"},
 		{EnvAllowPrivateNetworks, "", "", false, "CIDRs that endpoints from rules may reach besides the public internet, on any port"},
 		{EnvAllowPorts, "", defaultAllowPorts, false, "ports endpoints from rules may reach on public addresses"},
 		{EnvSlackHosts, "", defaultSlackHosts, false, "host[/path-prefix] patterns a Slack endpoint must match"},
 		{EnvTelegramHookHosts, "", defaultTelegramHooks, false, "host[/path-prefix] patterns a Telegram hook URL must match"},
 		{EnvLoopHosts, "", defaultLoopHosts, false, "host[/path-prefix] patterns a Loop endpoint must match"},
 		{EnvDigestMaxFirings, "", strconv.Itoa(defaultDigestFirings), false, "most firings one digest lists (1-10000); the rest are counted as omitted"},
-		{EnvDigestMaxBytes, "", "1MiB", false, "most bytes of firings one digest gathers (1KiB-16MiB); the rest are counted as omitted"},
+		{EnvDigestMaxBytes, "", formatSize(defaultDigestBytes), false, "most bytes of firings one digest gathers (1KiB-16MiB); the rest are counted as omitted"},
 		{EnvDeadMaxMessages, "", strconv.Itoa(defaultDeadMessages), false, "most messages <queue>.dead and <prefix>.failed keep each; the oldest go first"},
-		{EnvDeadMaxBytes, "", "256MiB", false, "most bytes of bodies <queue>.dead and <prefix>.failed keep each; the oldest go first"},
+		{EnvDeadMaxBytes, "", formatSize(defaultDeadBytes), false, "most bytes of bodies <queue>.dead and <prefix>.failed keep each; the oldest go first"},
 		{EnvTelegramAllowedChats, "", "", false, "comma-separated chat ids and @usernames the bot may post to; empty = any chat the bot is in"},
 		{EnvMaxRules, "", strconv.Itoa(rules.DefaultRulesPerProject), false, "enabled rules loaded per project; the rest are skipped with a warning"},
 		{EnvMaxWindows, "", strconv.Itoa(rules.MaxWindowsPerRule), false, "windows a rule may have (1-8)"},
@@ -184,7 +186,7 @@ func Variables() []Variable {
 		{EnvMaxSendsPerDestination, "", strconv.Itoa(defaultSendsPerDest), false, "sends one destination (channel and endpoint) may have in flight in a worker (1-64)"},
 		{EnvMaxSendsPerProject, "", strconv.Itoa(defaultSendsPerProj), false, "sends one project may have in flight in a worker (1-64)"},
 		{EnvCircuitTimeouts, "", strconv.Itoa(defaultCircuitTrips), false, "consecutive timeouts that open a destination's circuit (1-1000)"},
-		{EnvCircuitOpen, "", "30s", false, "how long an open circuit keeps a destination's jobs waiting before one send probes it"},
+		{EnvCircuitOpen, "", formatDuration(defaultCircuitOpen), false, "how long an open circuit keeps a destination's jobs waiting before one send probes it"},
 	}
 }
 
@@ -207,7 +209,7 @@ type Config struct {
 	SMTPUsername  string        // KLAXON_SMTP_USERNAME; "" = no SMTP AUTH
 	SMTPPassword  string        // KLAXON_SMTP_PASSWORD
 	SMTPFrom      string        // KLAXON_SMTP_FROM, an RFC 5322 address
-	SMTPTLS       TLSMode       // KLAXON_SMTP_TLS
+	SMTPTLS       email.TLSMode // KLAXON_SMTP_TLS
 	TelegramToken string        // KLAXON_TELEGRAM_TOKEN; "" = Telegram channel not configured
 	TelegramAPI   string        // KLAXON_TELEGRAM_API_URL, without a trailing slash
 	LogLevel      slog.Level    // KLAXON_LOG_LEVEL
@@ -262,16 +264,6 @@ func (c Config) TelegramEnabled() bool { return c.TelegramToken != "" }
 
 // DeadQueue is the queue that receives malformed incoming messages.
 func (c Config) DeadQueue() string { return c.Queue + ".dead" }
-
-// TLSMode is how the SMTP connection is secured.
-type TLSMode string
-
-// SMTP TLS modes (KLAXON_SMTP_TLS).
-const (
-	TLSNone     TLSMode = "none"     // plain text; only for a local relay or a test server
-	TLSStartTLS TLSMode = "starttls" // plain connection upgraded with STARTTLS, which is required
-	TLSImplicit TLSMode = "tls"      // TLS from the first byte ("SMTPS", usually port 465)
-)
 
 // Role is which stages a process runs.
 type Role string
@@ -417,7 +409,7 @@ func Load(getenv func(string) string) (Config, error) {
 	c.DedupTTL = l.duration(EnvDedupTTL, defaultDedupTTL)
 	c.RulesRefresh = l.duration(EnvRulesRefresh, defaultRefresh)
 	c.SendTimeout = l.duration(EnvSendTimeout, defaultSendTimeout)
-	c.Pprof = l.boolean(EnvPprof)
+	c.Pprof = l.boolean(EnvPprof, defaultPprof)
 	l.endpoints(&c)
 	c.DigestMaxFirings = l.count(EnvDigestMaxFirings, defaultDigestFirings, 1, 10_000)
 	c.DigestMaxBytes = int(l.size(EnvDigestMaxBytes, defaultDigestBytes, 1<<10, 16<<20))
@@ -683,10 +675,10 @@ func (l *loader) smtp(c *Config) {
 		}
 	}
 
-	c.SMTPTLS = TLSMode(defaultSMTPTLS)
+	c.SMTPTLS = defaultSMTPTLS
 	if s := l.lookup(EnvSMTPTLS, "", false); s.set() {
-		switch m := TLSMode(strings.ToLower(s.value)); m {
-		case TLSNone, TLSStartTLS, TLSImplicit:
+		switch m := email.TLSMode(strings.ToLower(s.value)); m {
+		case email.TLSNone, email.TLSStartTLS, email.TLSImplicit:
 			c.SMTPTLS = m
 		default:
 			l.fail(s, fmt.Sprintf("%q is not one of none, starttls, tls", s.value))
@@ -694,17 +686,11 @@ func (l *loader) smtp(c *Config) {
 		// The email channel refuses to send a password in clear beyond this
 		// machine; say so here, naming the variable, not when it is built.
 		host, _, err := net.SplitHostPort(c.SMTPAddr)
-		if c.SMTPTLS == TLSNone && c.SMTPUsername != "" && err == nil && !isLocalhost(host) {
+		if c.SMTPTLS == email.TLSNone && c.SMTPUsername != "" && err == nil && !email.IsLocalhost(host) {
 			l.fail(s, fmt.Sprintf("%q would send %s in clear to %s: use starttls or tls (none is for a relay on localhost)",
 				s.value, EnvSMTPPassword, host))
 		}
 	}
-}
-
-// isLocalhost is the email channel's test for a server on this machine, to
-// which a password may go in clear.
-func isLocalhost(host string) bool {
-	return host == "localhost" || host == "127.0.0.1" || host == "::1"
 }
 
 func (l *loader) telegram() (token, api string) {
@@ -863,6 +849,19 @@ func (l *loader) size(name string, def, lo, hi int64) int64 {
 	return n * unit
 }
 
+// formatDuration writes d as people write it, and as docs/configuration.md
+// gives defaults: "10m" and "1h" rather than time's "10m0s" and "1h0m0s".
+func formatDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
 // formatSize writes n bytes in the largest unit that divides it.
 func formatSize(n int64) string {
 	for _, u := range sizeUnits {
@@ -917,10 +916,10 @@ func validUsername(s string) bool {
 
 // boolean reads a true/false variable (1, t, true, 0, f, false, any case);
 // unset is false.
-func (l *loader) boolean(name string) bool {
+func (l *loader) boolean(name string, def bool) bool {
 	s := l.lookup(name, "", false)
 	if !s.set() {
-		return false
+		return def
 	}
 	b, err := strconv.ParseBool(s.value)
 	if err != nil {

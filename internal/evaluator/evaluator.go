@@ -254,7 +254,7 @@ func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result
 	return jobs, nil
 }
 
-// Notification describes a firing as CONTRACT §5's webhook body.
+// Notification describes a firing as the webhook body of docs/contract.md §5.1.
 func Notification(ev *counter.Event, m *event.Message, o *counter.Outcome) notify.Notification {
 	r := o.Rule
 	n := notify.Notification{

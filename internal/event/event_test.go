@@ -145,3 +145,11 @@ func TestLongUserIDIsHashed(t *testing.T) {
 		t.Errorf("no user gave %q", got)
 	}
 }
+
+// Project ids are ObjectIds in either case, in messages and in the rules
+// file alike (the store uses this check too).
+func TestIsObjectID(t *testing.T) {
+	if !IsObjectID("5E3EEF0679FA3700A0198A49") || IsObjectID("5e3eef0679fa3700a0198a4") {
+		t.Error("IsObjectID")
+	}
+}

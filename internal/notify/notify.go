@@ -22,7 +22,7 @@ const (
 const BodyVersion = "2"
 
 // Notification is one firing of a rule for a group of events. Its JSON form
-// is the webhook body of CONTRACT §5.
+// is the webhook body of docs/contract.md §5.1.
 type Notification struct {
 	// Version is BodyVersion in a webhook body; empty elsewhere (delivery
 	// jobs, and the notifications a digest lists).
@@ -80,7 +80,7 @@ type Message struct {
 	Omitted int64
 }
 
-// Digest is the webhook body of a digest message (CONTRACT §5).
+// Digest is the webhook body of a digest message (docs/contract.md §5.2).
 type Digest struct {
 	Version       string         `json:"version"` // BodyVersion
 	Type          string         `json:"type"`    // TypeDigest

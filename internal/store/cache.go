@@ -14,7 +14,7 @@ import (
 // Defaults of CacheOptions.
 const (
 	// DefaultInterval between loads: an edit is served within 5 s plus one
-	// load, inside the 10 s CONTRACT.md promises.
+	// load, inside the 10 s docs/contract.md §3.1 promises.
 	DefaultInterval = 5 * time.Second
 	// DefaultTimeout of one load.
 	DefaultTimeout = 10 * time.Second

@@ -18,6 +18,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/klaxonhq/klaxon/internal/event"
 	"github.com/klaxonhq/klaxon/internal/rules"
 )
 
@@ -108,7 +109,7 @@ func parseRulesFile(data []byte) (Specs, error) {
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		key, value := root.Content[i], root.Content[i+1]
 		projectID := strings.ToLower(key.Value)
-		if key.Kind != yaml.ScalarNode || !ValidProjectID(projectID) {
+		if key.Kind != yaml.ScalarNode || !event.IsObjectID(projectID) {
 			specs.Problems = append(specs.Problems, Problem{ProjectID: key.Value, Skipped: true, Line: key.Line,
 				Reason: "project id must be 24 hex digits"})
 			continue
@@ -424,7 +425,7 @@ func unwrap(node *yaml.Node, wrapper, value string) (bool, error) {
 	var tag string
 	switch wrapper {
 	case "$oid":
-		if !ValidProjectID(value) {
+		if !event.IsObjectID(value) {
 			return true, fmt.Errorf("line %d: $oid must be 24 hex digits", node.Line)
 		}
 		tag, value = "!!str", strings.ToLower(value)

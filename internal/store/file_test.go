@@ -352,9 +352,6 @@ func TestCompile(t *testing.T) {
 	if empty.Rules("5e3eef0679fa3700a0198a49") != nil || empty.Len() != 0 {
 		t.Error("a nil snapshot has rules")
 	}
-	if !store.ValidProjectID("5E3EEF0679FA3700A0198A49") || store.ValidProjectID("5e3eef0679fa3700a0198a4") {
-		t.Error("ValidProjectID")
-	}
 }
 
 // An unchanged file is neither parsed nor compiled again: the very same

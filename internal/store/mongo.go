@@ -13,14 +13,9 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
-	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
 
 	"github.com/klaxonhq/klaxon/internal/rules"
 )
-
-// DefaultMongoDatabase is the database when the MongoDB URL names none:
-// Hawk's accounts database.
-const DefaultMongoDatabase = "hawk"
 
 // MongoSource reads rules from MongoDB in Hawk's schema: collection
 // "projects", one document per project, {_id: ObjectId, notifications:
@@ -35,23 +30,16 @@ type MongoSource struct {
 	last Specs // what the last Load read, with its Digest
 }
 
-// NewMongoSource returns a source reading the database named by the URL's
-// path (DefaultMongoDatabase when it has none). It does not connect yet: the
-// first Load or Ping does.
-func NewMongoSource(url string) (*MongoSource, error) {
-	cs, err := connstring.ParseAndValidate(url)
-	if err != nil {
-		return nil, fmt.Errorf("MongoDB URL: %w", err)
-	}
-	db := cs.Database
-	if db == "" {
-		db = DefaultMongoDatabase
-	}
+// NewMongoSource returns a source reading database at url. The database is
+// config.Config.MongoDatabase, which config reads from the URL's path
+// (Hawk's "hawk" when it names none): the URL is interpreted in one place.
+// It does not connect yet: the first Load or Ping does.
+func NewMongoSource(url, database string) (*MongoSource, error) {
 	client, err := mongo.Connect(options.Client().ApplyURI(url).SetAppName("klaxon"))
 	if err != nil {
 		return nil, fmt.Errorf("MongoDB client: %w", err)
 	}
-	return &MongoSource{client: client, projects: client.Database(db).Collection("projects")}, nil
+	return &MongoSource{client: client, projects: client.Database(database).Collection("projects")}, nil
 }
 
 // Database is the name of the database the source reads.

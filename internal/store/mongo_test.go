@@ -40,7 +40,11 @@ func projectsCollection(t *testing.T) (*mongo.Collection, string) {
 
 func mongoSource(t *testing.T, uri string) *store.MongoSource {
 	t.Helper()
-	src, err := store.NewMongoSource(uri)
+	u, err := url.Parse(uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := store.NewMongoSource(uri, strings.TrimPrefix(u.Path, "/"))
 	if err != nil {
 		t.Fatal(err)
 	}

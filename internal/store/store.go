@@ -16,7 +16,6 @@ package store
 import (
 	"context"
 	"fmt"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -252,14 +251,6 @@ func projectName(name string) string {
 		cut--
 	}
 	return name[:cut] + "…"
-}
-
-var projectIDPattern = regexp.MustCompile(`^[0-9a-fA-F]{24}$`)
-
-// ValidProjectID reports whether id is a project id: 24 hex digits, the
-// text form of a MongoDB ObjectId.
-func ValidProjectID(id string) bool {
-	return projectIDPattern.MatchString(id)
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -284,7 +284,7 @@ func dialAMQP(raw string) (*amqp.Connection, error) {
 
 // QueueName returns a RabbitMQ queue name unique to the test, such as
 // "klaxontest.TestDeadLetter.5d2c9a0e71fb". When the test ends, that queue
-// and the dead-letter queue CONTRACT.md derives from it (name + ".dead") are
+// and the dead-letter queue docs/contract.md §6 derives from it (name + ".dead") are
 // deleted if they exist; register any other queue the test makes with
 // DeleteQueuesAtCleanup.
 func QueueName(t testing.TB) string {

@@ -45,7 +45,7 @@ func Build(cfg config.Config, connsPerHost int) (map[string]notify.Channel, erro
 	if cfg.EmailEnabled() {
 		e, err := email.New(email.Config{
 			Addr: cfg.SMTPAddr, Username: cfg.SMTPUsername, Password: cfg.SMTPPassword,
-			From: cfg.SMTPFrom, TLS: email.TLSMode(cfg.SMTPTLS), Timeout: cfg.SendTimeout,
+			From: cfg.SMTPFrom, TLS: cfg.SMTPTLS, Timeout: cfg.SendTimeout,
 			MaxRecipients: cfg.Limits.EmailRecipients,
 		})
 		if err != nil {

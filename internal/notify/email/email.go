@@ -22,10 +22,11 @@ import (
 	"gopkg.in/gomail.v2"
 
 	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/rules"
 )
 
 // Name is the channel's name in rules and errors.
-const Name = "email"
+const Name = rules.Email
 
 // TLSMode is how the connection to the SMTP server is secured
 // (KLAXON_SMTP_TLS).
@@ -107,7 +108,7 @@ func New(cfg Config) (*Notifier, error) {
 	default:
 		return nil, fmt.Errorf("email: TLS mode %q: want %q, %q or %q", cfg.TLS, TLSNone, TLSStartTLS, TLSImplicit)
 	}
-	if mode == TLSNone && cfg.Username != "" && !isLocalhost(host) {
+	if mode == TLSNone && cfg.Username != "" && !IsLocalhost(host) {
 		// net/smtp refuses too; saying so now beats failing every send.
 		return nil, fmt.Errorf("email: TLS mode %q would send the password in clear to %s: use %q or %q", TLSNone, host, TLSStartTLS, TLSImplicit)
 	}
@@ -490,7 +491,7 @@ type loginAuth struct {
 }
 
 func (a *loginAuth) Start(server *smtp.ServerInfo) (string, []byte, error) {
-	if !server.TLS && !isLocalhost(server.Name) {
+	if !server.TLS && !IsLocalhost(server.Name) {
 		return "", nil, errors.New("unencrypted connection")
 	}
 	if server.Name != a.host {
@@ -512,9 +513,9 @@ func (a *loginAuth) Next(fromServer []byte, more bool) ([]byte, error) {
 	return nil, fmt.Errorf("unexpected AUTH LOGIN challenge %q", fromServer)
 }
 
-// isLocalhost is net/smtp's test for a server it will send a password to in
-// clear.
-func isLocalhost(host string) bool {
+// IsLocalhost is net/smtp's test for a server it will send a password to in
+// clear; config uses it to refuse such a setting at start-up.
+func IsLocalhost(host string) bool {
 	return host == "localhost" || host == "127.0.0.1" || host == "::1"
 }
 

@@ -15,10 +15,11 @@ import (
 
 	"github.com/klaxonhq/klaxon/internal/netguard"
 	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/rules"
 )
 
 // Name is the channel's name in rules and errors.
-const Name = "loop"
+const Name = rules.Loop
 
 // Username is who the messages come from, as Hawk names its posts.
 const Username = "Hawk"

@@ -1,25 +1,25 @@
-// Package slack delivers notifications to Slack incoming webhooks, through
-// github.com/slack-go/slack, as a text summary plus Block Kit blocks.
+// Package slack delivers notifications to Slack incoming webhooks as a text
+// summary plus Block Kit blocks. github.com/slack-go/slack provides the
+// payload types; notify.PostJSON sends them, as it does webhook bodies, so
+// the status, Retry-After and the reason in Slack's reply ("no_service")
+// are read in one place for every HTTP channel.
 package slack
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
-	"time"
 
 	slackapi "github.com/slack-go/slack"
 
 	"github.com/klaxonhq/klaxon/internal/netguard"
 	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/rules"
 )
 
 // Name is the channel's name in rules and errors.
-const Name = "slack"
+const Name = rules.Slack
 
 // Slack's limits: a payload over them is refused with 400 invalid_blocks,
 // which would lose the message for good.
@@ -61,96 +61,9 @@ func (n *Notifier) Notify(ctx context.Context, webhookURL string, m *notify.Mess
 	if err := netguard.CheckEndpoint(webhookURL, n.Hosts, "KLAXON_SLACK_HOSTS"); err != nil {
 		return false, fmt.Errorf("%s: %w", Name, err)
 	}
-	// A copy that shares the transport and its connections, and follows no
-	// redirect (notify.NoRedirects says why).
-	client := notify.NoRedirects(n.Client)
-	rec := &recorder{base: client.Transport, secrets: notify.URLSecrets(webhookURL)}
-	client.Transport = rec
-	err = slackapi.PostWebhookCustomHTTPContext(ctx, webhookURL, client, payload(m))
-	if err == nil {
-		return false, nil
-	}
-	retry, err = classify(err, rec)
-	return retry, notify.RedactError(err, notify.URLSecrets(webhookURL)...)
-}
-
-// classify maps slack-go's errors to retry-or-not.
-func classify(err error, rec *recorder) (bool, error) {
-	var limited *slackapi.RateLimitedError
-	var status slackapi.StatusCodeError
-	switch {
-	case errors.As(err, &limited):
-		return true, notify.WithRetryAfter(rec.httpError(http.StatusTooManyRequests), limited.RetryAfter)
-	case errors.As(err, &status):
-		herr := rec.httpError(status.Code)
-		if !notify.RetryableStatus(status.Code) {
-			return false, herr
-		}
-		d, _ := notify.ParseRetryAfter(rec.retryAfter, time.Now())
-		return true, notify.WithRetryAfter(herr, d)
-	case rec.status == http.StatusTooManyRequests:
-		// slack-go reads Retry-After as seconds only and fails on an
-		// HTTP-date; the recorder has the header.
-		d, _ := notify.ParseRetryAfter(rec.retryAfter, time.Now())
-		return true, notify.WithRetryAfter(rec.httpError(http.StatusTooManyRequests), d)
-	default:
-		// Connection refused, reset, timeout: slack-go wraps the client's
-		// *url.Error, whose text holds the URL.
-		return notify.TransportError(Name, err)
-	}
-}
-
-// recorder is the transport of one post. It keeps what slack-go does not
-// pass on: the status, a Retry-After slack-go cannot parse, and the start of
-// the body, where Slack says why it refused ("no_service", "invalid_blocks").
-type recorder struct {
-	base       http.RoundTripper
-	status     int
-	retryAfter string
-	body       bytes.Buffer
-	secrets    []string // redacted from the body
-}
-
-const maxRecordedBody = 1024
-
-func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
-	base := r.base
-	if base == nil {
-		base = http.DefaultTransport
-	}
-	// A RoundTripper must not change the request it is given: add the
-	// User-Agent, which slack-go does not set, to a copy.
-	req = req.Clone(req.Context())
-	req.Header.Set("User-Agent", notify.UserAgent)
-	resp, err := base.RoundTrip(req)
-	if err != nil {
-		return nil, err
-	}
-	r.status, r.retryAfter = resp.StatusCode, resp.Header.Get("Retry-After")
-	r.body.Reset()
-	resp.Body = &teeBody{ReadCloser: resp.Body, into: &r.body}
-	return resp, nil
-}
-
-func (r *recorder) httpError(code int) *notify.HTTPError {
-	if code/100 == 3 {
-		return &notify.HTTPError{Channel: Name, StatusCode: code, Reason: notify.RedirectReason}
-	}
-	return &notify.HTTPError{Channel: Name, StatusCode: code, Reason: notify.ReadReason(&r.body, r.secrets...)}
-}
-
-// teeBody copies the first maxRecordedBody bytes read into a buffer.
-type teeBody struct {
-	io.ReadCloser
-	into *bytes.Buffer
-}
-
-func (t *teeBody) Read(p []byte) (int, error) {
-	n, err := t.ReadCloser.Read(p)
-	if room := maxRecordedBody - t.into.Len(); room > 0 {
-		t.into.Write(p[:min(n, room)])
-	}
-	return n, err
+	// PostJSON follows no redirect, classifies the status (Retry-After in
+	// either form) and keeps the URL and its token out of errors.
+	return notify.PostJSON(ctx, n.Client, Name, webhookURL, nil, payload(m))
 }
 
 // payload renders m as an incoming-webhook message. The text (what

@@ -19,10 +19,11 @@ import (
 
 	"github.com/klaxonhq/klaxon/internal/netguard"
 	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/rules"
 )
 
 // Name is the channel's name in rules and errors.
-const Name = "telegram"
+const Name = rules.Telegram
 
 // DefaultAPIURL is the Bot API's base URL.
 const DefaultAPIURL = "https://api.telegram.org"

@@ -1,5 +1,5 @@
 // Package webhook delivers notifications as JSON POSTs to a user's URL, in
-// the format of CONTRACT §5 that users code against.
+// the format of docs/contract.md §5.1 that users code against.
 package webhook
 
 import (
@@ -7,10 +7,11 @@ import (
 	"net/http"
 
 	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/rules"
 )
 
 // Name is the channel's name in rules and errors.
-const Name = "webhook"
+const Name = rules.Webhook
 
 // Notifier posts messages to webhook endpoints. The zero value uses
 // http.DefaultClient; deadlines come from the context of each call.
