@@ -6,6 +6,7 @@
 //	klaxon rules check [FILE]                    validate rules, as the worker loads them
 //	klaxon backtest --events FILE [--rules FILE] what the rules would have fired
 //	klaxon test-send --project P --rule R        a marked test message through each channel
+//	klaxon explain --project P --rule R --group G why a rule fires or not, and its state in Redis
 //
 // It is a binary of its own rather than subcommands of the worker's: the
 // worker is a long-running service configured only by its environment, and
@@ -66,6 +67,9 @@ Usage:
   klaxon test-send --project P --rule R [--channel C] [--rules FILE] [--json]
         send a marked test message through the rule's channels and say how
         each provider answered
+  klaxon explain --project P --rule R (--group G [--title T] | --event FILE) [--json]
+        whether the rule matches an event and why, and its live state in
+        Redis for the group: counts, cooldown, last firing and its delivery
 
 Settings are the worker's environment variables (docs/configuration.md).
 Run "klaxon COMMAND --help" for a command's flags.
@@ -95,6 +99,8 @@ func (a *app) run(ctx context.Context, args []string) int {
 		return a.backtest(ctx, args[1:])
 	case "test-send":
 		return a.testSend(ctx, args[1:])
+	case "explain":
+		return a.explain(ctx, args[1:])
 	}
 	fmt.Fprintf(a.stderr, "klaxon: unknown command %q\n\n%s", args[0], usage)
 	return exitUsage
