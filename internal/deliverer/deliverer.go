@@ -229,6 +229,8 @@ func (d *Deliverer) Handle(ctx context.Context, b *queue.Batch) error {
 				// Back from the longest retry queue before the provider's
 				// Retry-After ended: wait again, without a try.
 				errs[i] = d.schedule(ctx, &job, time.Until(job.NotBefore), true)
+			case job.Snooze != nil:
+				errs[i] = d.deliverSummary(ctx, &job, claim)
 			case job.Notification == nil:
 				errs[i] = d.deliverDigest(ctx, &job, claim)
 			default:
@@ -305,6 +307,9 @@ func (d *Deliverer) deliver(ctx context.Context, job *Job, token string) error {
 		return nil
 	case busy:
 		return d.schedule(ctx, job, wait, true)
+	}
+	if held, err := d.hold(ctx, job, key); held || err != nil {
+		return err
 	}
 
 	if job.MinPeriod > 0 && !job.Throttled {

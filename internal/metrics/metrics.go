@@ -16,7 +16,9 @@ type Metrics struct {
 	// Firings by type (new, threshold).
 	Firings *prometheus.CounterVec
 	// Notifications by channel and outcome: sent, digested, retried,
-	// throttled (paced to the provider's rate limit), failed, duplicate.
+	// throttled (paced to the provider's rate limit), failed, duplicate,
+	// omitted, snoozed (held back by klaxon snooze; the summary at its
+	// end counts as sent).
 	Notifications *prometheus.CounterVec
 	// DeliveryLatency is from firing to the provider's acceptance, by channel.
 	DeliveryLatency *prometheus.HistogramVec
