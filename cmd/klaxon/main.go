@@ -6,6 +6,8 @@
 //	klaxon rules check [FILE]                    validate rules, as the worker loads them
 //	klaxon backtest --events FILE [--rules FILE] what the rules would have fired
 //	klaxon test-send --project P --rule R        a marked test message through each channel
+//	klaxon explain --project P --rule R --group G why a rule fires or not, and its state in Redis
+//	klaxon snooze --project P --rule R --for D   hold back a rule's messages for a while
 //
 // It is a binary of its own rather than subcommands of the worker's: the
 // worker is a long-running service configured only by its environment, and
@@ -66,6 +68,14 @@ Usage:
   klaxon test-send --project P --rule R [--channel C] [--rules FILE] [--json]
         send a marked test message through the rule's channels and say how
         each provider answered
+  klaxon explain --project P --rule R (--group G [--title T] | --event FILE) [--json]
+        whether the rule matches an event and why, and its live state in
+        Redis for the group: counts, cooldown, last firing and its delivery
+  klaxon snooze --project P --rule R [--group G] (--for D | --until TIME)
+  klaxon snooze list [--project P] [--json]
+  klaxon snooze remove --project P --rule R [--group G]
+        hold back a rule's messages (still counted and recorded) until a
+        time; one summary of what was held back follows
 
 Settings are the worker's environment variables (docs/configuration.md).
 Run "klaxon COMMAND --help" for a command's flags.
@@ -95,6 +105,10 @@ func (a *app) run(ctx context.Context, args []string) int {
 		return a.backtest(ctx, args[1:])
 	case "test-send":
 		return a.testSend(ctx, args[1:])
+	case "explain":
+		return a.explain(ctx, args[1:])
+	case "snooze":
+		return a.snooze(ctx, args[1:])
 	}
 	fmt.Fprintf(a.stderr, "klaxon: unknown command %q\n\n%s", args[0], usage)
 	return exitUsage

@@ -253,6 +253,8 @@ func (d *Deliverer) Handle(ctx context.Context, b *queue.Batch) error {
 					d.metrics.Notifications.WithLabelValues(job.Channel, "throttled").Inc()
 				}
 				errs[i] = d.schedule(ctx, &job, time.Until(job.NotBefore), true)
+			case job.Snooze != nil:
+				errs[i] = d.deliverSummary(ctx, &job, claim)
 			case job.Notification == nil:
 				errs[i] = d.deliverDigest(ctx, &job, claim)
 			default:
@@ -329,6 +331,9 @@ func (d *Deliverer) deliver(ctx context.Context, job *Job, token string) error {
 		return nil
 	case busy:
 		return d.schedule(ctx, job, wait, true)
+	}
+	if held, err := d.hold(ctx, job, key); held || err != nil {
+		return err
 	}
 
 	if job.MinPeriod > 0 && !job.Throttled {

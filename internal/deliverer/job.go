@@ -11,6 +11,7 @@ import (
 
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/snooze"
 )
 
 // Job is one notification for one channel of a rule, or the flush of the
@@ -34,6 +35,9 @@ type Job struct {
 	// Throttled is set once the job passed the minPeriod gate, so that a
 	// retry does not queue it for a digest.
 	Throttled bool `json:"throttled,omitempty"`
+	// Snooze, for the job that sends a snooze's summary once it ended,
+	// is that snooze (snooze.go); nil otherwise.
+	Snooze *snooze.Snooze `json:"snooze,omitempty"`
 	// NotBefore is when a provider's Retry-After ends, set when it is longer
 	// than the longest retry queue: a job back from that queue earlier waits
 	// again instead of being refused again.

@@ -18,7 +18,9 @@ type Metrics struct {
 	// Notifications by channel and outcome: sent, digested, retried,
 	// throttled (paced to the provider's rate limit), deferred (its
 	// destination or project had every send it may have in flight),
-	// parked (its destination's circuit was open), failed, duplicate.
+	// parked (its destination's circuit was open), failed, duplicate,
+	// omitted, snoozed (held back by klaxon snooze; the summary at its
+	// end counts as sent).
 	Notifications *prometheus.CounterVec
 	// CircuitChanges counts destinations' circuits changing state, by
 	// channel and new state (open, half_open, closed).

@@ -166,6 +166,33 @@ func (r *Rule) Matches(title string, isNew bool) bool {
 	return false
 }
 
+// Explain is Matches with its reason in words, for operators' tools
+// (klaxon explain): which excluding or including word decided, or that
+// an ONLY_NEW rule saw a group that is not new. It agrees with Matches.
+func (r *Rule) Explain(title string, isNew bool) (bool, string) {
+	if r.OnlyNew && !isNew {
+		return false, "not new: the rule is ONLY_NEW and the event's group was seen before (isNew false)"
+	}
+	lower := strings.ToLower(cutTitle(title, r.titleBytes))
+	for _, s := range r.excluding {
+		if strings.Contains(lower, s) {
+			return false, fmt.Sprintf("excluded: the title contains excluding word %q", s)
+		}
+	}
+	if len(r.including) == 0 {
+		if len(r.excluding) == 0 {
+			return true, "the rule has no title filter"
+		}
+		return true, fmt.Sprintf("the title contains none of the excluding words %q", r.excluding)
+	}
+	for _, s := range r.including {
+		if strings.Contains(lower, s) {
+			return true, fmt.Sprintf("the title contains including word %q", s)
+		}
+	}
+	return false, fmt.Sprintf("the title contains none of the including words %q", r.including)
+}
+
 // Compile is Limits{}.Compile: it validates a spec within the default
 // limits.
 func Compile(projectID string, s Spec) (*Rule, []string, error) {

@@ -232,3 +232,37 @@ func TestDescription(t *testing.T) {
 		}
 	}
 }
+
+// TestExplainAgreesWithMatches: klaxon explain tells operators why a rule
+// did or did not match; a reason that disagreed with Matches would send
+// them after the wrong cause.
+func TestExplainAgreesWithMatches(t *testing.T) {
+	mk := func(what string, inc, exc []string) *Rule {
+		r, _, err := Compile("p", Spec{ID: "r", IsEnabled: true, WhatToReceive: what, Threshold: 1, ThresholdPeriod: 1000,
+			Including: inc, Excluding: exc, Channels: hook()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	cases := []struct {
+		rule   *Rule
+		title  string
+		isNew  bool
+		want   bool
+		reason string
+	}{
+		{mk(OnlyNew, nil, nil), "x", false, false, "not new"},
+		{mk(OnlyNew, nil, nil), "x", true, true, "no title filter"},
+		{mk(SeenMore, []string{"DB"}, []string{"staging"}), "db down on Staging", false, false, `excluding word "staging"`},
+		{mk(SeenMore, []string{"DB", "cache"}, nil), "Cache miss", false, true, `including word "cache"`},
+		{mk(SeenMore, []string{"db"}, nil), "TypeError", false, false, `none of the including words ["db"]`},
+		{mk(SeenMore, nil, []string{"staging"}), "TypeError", false, true, "none of the excluding words"},
+	}
+	for _, c := range cases {
+		got, reason := c.rule.Explain(c.title, c.isNew)
+		if got != c.want || got != c.rule.Matches(c.title, c.isNew) || !strings.Contains(reason, c.reason) {
+			t.Errorf("Explain(%q, %v) = %v, %q; want %v, %q (Matches %v)", c.title, c.isNew, got, reason, c.want, c.reason, c.rule.Matches(c.title, c.isNew))
+		}
+	}
+}

@@ -1,0 +1,352 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/klaxonhq/klaxon/internal/config"
+	"github.com/klaxonhq/klaxon/internal/counter"
+	"github.com/klaxonhq/klaxon/internal/deliverer"
+	"github.com/klaxonhq/klaxon/internal/event"
+	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/snooze"
+)
+
+const explainUsage = `Usage: klaxon explain --project P --rule R (--group G [--title T] [--new] | --event FILE) [--rules FILE] [--json]
+
+Says whether rule R of project P matches an event and why (or why not:
+which including or excluding word decided, or "not new" for an ONLY_NEW
+rule), and the rule's live state in Redis for the event's group, read
+without changing anything: each window's count against its threshold,
+which window is closest to it, armed or in cooldown and until when, when
+each window's counted events leave it, the last firing (while the counter
+still holds the group: the firing's cooldown, or a window longer) with
+each channel's delivery record, and any snooze.
+
+--event FILE is a sample incoming message (the queue's JSON): it gives the
+group, the title and isNew. With --group alone the match is not checked
+unless --title is given.
+
+Rules come from --rules FILE, else KLAXON_RULES_FILE, else MongoDB; Redis
+and KLAXON_PREFIX are the worker's.
+
+Exit status: 0 the explanation was printed, 2 it could not be made (usage,
+no such enabled rule, Redis or the rules unreachable).
+
+Flags:
+`
+
+// explanation is the answer of klaxon explain, as --json prints it.
+type explanation struct {
+	ProjectID string `json:"projectId"`
+	RuleID    string `json:"ruleId"`
+	Rule      string `json:"rule"` // in words
+	GroupHash string `json:"groupHash"`
+	// Match is nil when no title was given.
+	Match *matchResult `json:"match,omitempty"`
+	// Now is Redis' clock, which the counter uses.
+	Now   time.Time    `json:"now"`
+	State counterState `json:"state"`
+	// LastFiring is nil when the counter holds no firing of the group.
+	LastFiring *lastFired      `json:"lastFiring,omitempty"`
+	Snoozed    []snooze.Snooze `json:"snoozed,omitempty"`
+}
+
+type matchResult struct {
+	Title   string `json:"title"`
+	IsNew   bool   `json:"isNew"`
+	Matches bool   `json:"matches"`
+	Reason  string `json:"reason"`
+}
+
+type counterState struct {
+	// Counted is false when the counter holds nothing of the rule for the
+	// group: it never counted one of its events, or forgot them.
+	Counted bool `json:"counted"`
+	// Clock is the rule's clock: the newest event counted for the group.
+	Clock time.Time `json:"clock,omitzero"`
+	Armed bool      `json:"armed"`
+	// CooldownUntil is when the rule may fire again, if in cooldown.
+	CooldownUntil time.Time      `json:"cooldownUntil,omitzero"`
+	Windows       []windowStatus `json:"windows"`
+	// Closest is the index of the window nearest its threshold, or -1.
+	Closest int `json:"closest"`
+}
+
+type windowStatus struct {
+	Threshold int64 `json:"threshold"`
+	Period    int64 `json:"period"` // ms
+	Count     int64 `json:"count"`
+	// ResetAt is when the events counted now have all left the window,
+	// if no more come; zero when it counts none.
+	ResetAt time.Time `json:"resetAt,omitzero"`
+}
+
+type lastFired struct {
+	ID         string           `json:"id"`
+	At         time.Time        `json:"at"`
+	Deliveries []deliveryRecord `json:"deliveries"`
+}
+
+type deliveryRecord struct {
+	Channel   string    `json:"channel"`
+	State     string    `json:"state"`
+	DigestDue time.Time `json:"digestDue,omitzero"`
+}
+
+func (a *app) explain(ctx context.Context, args []string) int {
+	const cmd = "explain"
+	fset := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	project := fset.String("project", "", "project id (required, unless --event gives it)")
+	ruleID := fset.String("rule", "", "rule id (required)")
+	group := fset.String("group", "", "group hash (event.groupHash)")
+	title := fset.String("title", "", "event title, to check the match with --group")
+	isNew := fset.Bool("new", false, "with --title: the event is the first of its group (isNew)")
+	eventFile := fset.String("event", "", "a sample incoming message (JSON): gives project, group, title and isNew")
+	rulesFile := fset.String("rules", "", "YAML rules file [KLAXON_RULES_FILE, else MongoDB]")
+	asJSON := fset.Bool("json", false, "print the explanation as one JSON object")
+	rest, code, done := a.parse(fset, args, explainUsage)
+	if done {
+		return code
+	}
+	var match *matchResult
+	if *title != "" {
+		match = &matchResult{Title: *title, IsNew: *isNew}
+	}
+	if *eventFile != "" {
+		body, err := os.ReadFile(*eventFile)
+		if err != nil {
+			return a.fail(cmd, err)
+		}
+		m, err := event.Decode(body)
+		if err != nil {
+			return a.fail(cmd, fmt.Errorf("%s: the worker would dead-letter this message: %w", *eventFile, err))
+		}
+		if *project != "" && !strings.EqualFold(*project, m.ProjectID) {
+			return a.usageError(cmd, "--project %s but the event is of project %s", *project, m.ProjectID)
+		}
+		*project, *group = m.ProjectID, m.Event.GroupHash
+		match = &matchResult{Title: m.Event.Title, IsNew: m.Event.IsNew}
+	}
+	switch {
+	case len(rest) > 0:
+		return a.usageError(cmd, "unexpected argument %q", rest[0])
+	case *project == "" || *ruleID == "" || *group == "":
+		return a.usageError(cmd, "--project, --rule and --group (or --event) are required")
+	}
+	cfg, ok := a.config(cmd)
+	if !ok {
+		return exitUsage
+	}
+	rule, err := findRule(ctx, cfg, *rulesFile, *project, *ruleID)
+	if err != nil {
+		return a.fail(cmd, err)
+	}
+	rdb, err := redisClient(cfg)
+	if err != nil {
+		return a.fail(cmd, err)
+	}
+	defer rdb.Close()
+
+	x := explanation{ProjectID: rule.ProjectID, RuleID: rule.ID, Rule: rule.Description, GroupHash: *group, Match: match}
+	if match != nil {
+		match.Matches, match.Reason = rule.Explain(match.Title, match.IsNew)
+	}
+	outs, now, err := counter.New(rdb, counter.Options{Prefix: cfg.Prefix, DedupTTL: cfg.DedupTTL}).
+		Inspect(ctx, rule.ProjectID, *group, []*rules.Rule{rule})
+	if err != nil {
+		return a.fail(cmd, err)
+	}
+	x.Now = now.UTC()
+	o := &outs[0]
+	x.State = state(o, now)
+	if fired, ok := lastFiring(o, *group); ok {
+		names := make([]string, len(rule.Channels))
+		for i, c := range rule.Channels {
+			names[i] = c.Name
+		}
+		ds, err := deliverer.Inspect(ctx, rdb, cfg.Prefix, rule.ProjectID, rule.ID, fired.ID, names)
+		if err != nil {
+			return a.fail(cmd, err)
+		}
+		for _, d := range ds {
+			fired.Deliveries = append(fired.Deliveries, deliveryRecord{Channel: d.Channel, State: d.State, DigestDue: d.DigestDue.UTC()})
+		}
+		x.LastFiring = fired
+	}
+	snoozes, err := snooze.New(rdb, cfg.Prefix).List(ctx, rule.ProjectID)
+	if err != nil {
+		return a.fail(cmd, err)
+	}
+	for _, s := range snoozes {
+		if s.RuleID == rule.ID && (s.GroupHash == "" || s.GroupHash == *group) && s.Until.After(now) {
+			x.Snoozed = append(x.Snoozed, s)
+		}
+	}
+
+	if *asJSON {
+		enc := json.NewEncoder(a.stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(x)
+		return exitOK
+	}
+	a.printExplanation(x)
+	return exitOK
+}
+
+// state is what an outcome of Inspect says, in the answers operators want.
+func state(o *counter.Outcome, now time.Time) counterState {
+	s := counterState{Counted: !o.At.IsZero(), Closest: -1, Windows: []windowStatus{}}
+	if s.Counted {
+		s.Clock = o.At.UTC()
+	}
+	// The rule fires again once its clock reaches Rearm: the next event
+	// counts at Redis' now or later.
+	s.Armed = !now.Before(o.Rearm)
+	if !s.Armed {
+		s.CooldownUntil = o.Rearm.UTC()
+	}
+	best := -1.0
+	for i, w := range o.Rule.Windows {
+		ws := windowStatus{Threshold: w.Threshold, Period: w.Period.Milliseconds(), Count: o.Counts[i]}
+		if ws.Count > 0 {
+			ws.ResetAt = o.ResetAt(i).UTC()
+		}
+		if f := float64(ws.Count) / float64(w.Threshold); f > best {
+			best, s.Closest = f, i
+		}
+		s.Windows = append(s.Windows, ws)
+	}
+	return s
+}
+
+// lastFiring is the rule's last firing for the group, while the counter
+// remembers it: a firing disarms the rule until its clock plus the
+// cooldown, so the firing's time, and with it its deterministic id, is
+// Rearm less the cooldown. An edit of the cooldown since then makes this
+// wrong; the id then names no delivery records.
+func lastFiring(o *counter.Outcome, group string) (*lastFired, bool) {
+	if o.Rearm.IsZero() {
+		return nil, false
+	}
+	at := o.Rearm.Add(-max(o.Rule.Cooldown, time.Millisecond))
+	return &lastFired{ID: counter.FiringID(o.Rule.ProjectID, o.Rule.ID, group, at), At: at.UTC()}, true
+}
+
+func (a *app) printExplanation(x explanation) {
+	w := a.stdout
+	ts := func(t time.Time) string { return t.Format("2006-01-02T15:04:05.000Z07:00") }
+	in := func(t time.Time) string { return "in " + t.Sub(x.Now).Round(time.Second).String() }
+	fmt.Fprintf(w, "rule %s of project %s: %s\n", x.RuleID, x.ProjectID, x.Rule)
+	switch m := x.Match; {
+	case m == nil:
+		fmt.Fprintf(w, "match: not checked (give --title or --event)\n")
+	case m.Matches:
+		fmt.Fprintf(w, "match: yes, %s\n", m.Reason)
+	default:
+		fmt.Fprintf(w, "match: NO, %s\n", m.Reason)
+	}
+	s := x.State
+	fmt.Fprintf(w, "group %s, in Redis at %s:\n", x.GroupHash, ts(x.Now))
+	if !s.Counted {
+		fmt.Fprintf(w, "  nothing counted: no event of this group matched the rule lately (or the counts expired)\n")
+	}
+	for i, ws := range s.Windows {
+		line := fmt.Sprintf("  window #%d  %d in %s: count %d of %d", i, ws.Threshold, time.Duration(ws.Period)*time.Millisecond, ws.Count, ws.Threshold)
+		if !ws.ResetAt.IsZero() {
+			line += ", counted events leave it by " + ts(ws.ResetAt)
+		}
+		if i == s.Closest && len(s.Windows) > 1 {
+			line += "  <- closest to its threshold"
+		}
+		fmt.Fprintln(w, line)
+	}
+	if s.Armed {
+		fmt.Fprintf(w, "  armed: the next matching event that brings a window to its threshold fires\n")
+	} else {
+		fmt.Fprintf(w, "  in cooldown until %s (%s): no firing before\n", ts(s.CooldownUntil), in(s.CooldownUntil))
+	}
+	if f := x.LastFiring; f != nil {
+		fmt.Fprintf(w, "last firing %s at %s:\n", f.ID, ts(f.At))
+		for _, d := range f.Deliveries {
+			fmt.Fprintf(w, "  %-8s %s\n", d.Channel, deliveryWords(d))
+		}
+	} else if s.Counted {
+		fmt.Fprintf(w, "no firing remembered for this group\n")
+	}
+	for _, sn := range x.Snoozed {
+		fmt.Fprintf(w, "snoozed until %s (%s)%s\n", ts(sn.Until), in(sn.Until), snoozeScope(sn))
+	}
+}
+
+func deliveryWords(d deliveryRecord) string {
+	switch d.State {
+	case "sent":
+		return "sent"
+	case "failed":
+		return "FAILED for good (its job is in the failed queue, with the reason)"
+	case "digested":
+		if !d.DigestDue.IsZero() {
+			return "waiting in the minPeriod digest due at " + d.DigestDue.Format(time.RFC3339)
+		}
+		return "gathered into a minPeriod digest, since flushed"
+	case "omitted":
+		return "counted, not listed, in a full minPeriod digest"
+	case "snoozed":
+		return "held back: the rule was snoozed"
+	case "sending":
+		return "being sent by a deliverer now (or retried soon)"
+	}
+	return "no record: not delivered yet (queued or waiting for a retry), or its record expired"
+}
+
+// findRule is enabled rule ruleID of project, from file, else
+// KLAXON_RULES_FILE, else MongoDB; the error says why there is none.
+func findRule(ctx context.Context, cfg config.Config, file, project, ruleID string) (*rules.Rule, error) {
+	src, name, closeSrc, err := ruleSource(cfg, file)
+	if err != nil {
+		return nil, err
+	}
+	defer closeSrc()
+	snap, err := loadRules(ctx, src, cfg)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range snap.Rules(strings.ToLower(project)) {
+		if r.ID == ruleID {
+			return r, nil
+		}
+	}
+	why := "no enabled rule " + ruleID + " in project " + project + " in " + name
+	for _, p := range snap.Problems() {
+		if p.Skipped && strings.EqualFold(p.ProjectID, project) && p.RuleID == ruleID {
+			why += "; it is skipped: " + p.Reason
+		}
+	}
+	return nil, errors.New(why)
+}
+
+// redisClient is a client of the worker's Redis.
+func redisClient(cfg config.Config) (redis.UniversalClient, error) {
+	opts, err := cfg.RedisOptions()
+	if err != nil {
+		return nil, err
+	}
+	return redis.NewUniversalClient(opts), nil
+}
+
+// snoozeScope says what a snooze holds back beyond its rule.
+func snoozeScope(s snooze.Snooze) string {
+	if s.GroupHash == "" {
+		return ", every group"
+	}
+	return ", group " + s.GroupHash
+}

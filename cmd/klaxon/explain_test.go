@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/klaxonhq/klaxon/internal/config"
+	"github.com/klaxonhq/klaxon/internal/counter"
+	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/testenv"
+)
+
+// redisEnv is the environment of a command that reads the test Redis under
+// a prefix of its own, with a rules file: rule "storm" counts titles with
+// "db" but not "staging", 3 in a minute or 10 in 10 minutes.
+func redisEnv(t *testing.T) (map[string]string, *rules.Rule) {
+	t.Helper()
+	file := writeTemp(t, "rules.yml", projectA+`:
+  - id: storm
+    isEnabled: true
+    whatToReceive: SEEN_MORE
+    including: [db]
+    excluding: [staging]
+    windows: [{threshold: 3, period: 60000}, {threshold: 10, period: 600000}]
+    cooldown: 300000
+    channels:
+      webhook: {isEnabled: true, endpoint: "http://127.0.0.1:9/hook", minPeriod: 0}
+      slack: {isEnabled: true, endpoint: "http://127.0.0.1:9/slack", minPeriod: 0}
+`)
+	env := map[string]string{
+		"KLAXON_REDIS_URL": testenv.RedisURL(), "KLAXON_PREFIX": testenv.KeyPrefix(t), "KLAXON_RULES_FILE": file,
+	}
+	cfg, err := config.Load(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := findRule(context.Background(), cfg, "", projectA, "storm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return env, r
+}
+
+// TestExplainShowsWhatTheEngineCounted: explain must show the very counts,
+// cooldown and firing the worker's engine holds, or it explains a fiction.
+// Four events are counted with the engine (the third fires); explain then
+// reads the same counts, the cooldown from the firing, the firing's id and
+// each channel's delivery record, and changes nothing in Redis.
+func TestExplainShowsWhatTheEngineCounted(t *testing.T) {
+	env, rule := redisEnv(t)
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	eng := counter.New(rdb, counter.Options{Prefix: env["KLAXON_PREFIX"]})
+	start := time.Now().Add(-10 * time.Second).Truncate(time.Second)
+	var fired counter.Outcome
+	for i := range 4 {
+		res, err := eng.Observe(ctx, []counter.Event{{ID: fmt.Sprint("e", i), ProjectID: projectA, GroupHash: "g1",
+			Time: start.Add(time.Duration(i) * time.Second), Rules: []*rules.Rule{rule}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o := res[0].Outcomes[0]; o.Fired {
+			fired = o
+		}
+	}
+	if fired.ID == "" {
+		t.Fatal("the engine did not fire")
+	}
+	// The deliverer's record of the webhook message; slack has none yet.
+	if err := rdb.Set(ctx, env["KLAXON_PREFIX"]+":sent:"+fired.ID+":webhook", "sent", time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := dump(t, env["KLAXON_PREFIX"])
+
+	r := klaxon(t, env, "explain", "--project", projectA, "--rule", "storm", "--group", "g1",
+		"--title", "DB timeout on staging", "--json")
+	if r.code != exitOK {
+		t.Fatalf("exit %d: %s%s", r.code, r.stdout, r.stderr)
+	}
+	var x explanation
+	if err := json.Unmarshal([]byte(r.stdout), &x); err != nil {
+		t.Fatalf("%v: %s", err, r.stdout)
+	}
+	if x.Match == nil || x.Match.Matches || !strings.Contains(x.Match.Reason, `"staging"`) {
+		t.Errorf("match %+v, want excluded by staging", x.Match)
+	}
+	s := x.State
+	if !s.Counted || len(s.Windows) != 2 || s.Windows[0].Count != 4 || s.Windows[1].Count != 4 || s.Closest != 0 {
+		t.Errorf("state %+v, want 4 events in both windows, #0 closest", s)
+	}
+	wantClock := start.Add(3 * time.Second)
+	if !s.Clock.Equal(wantClock) || s.Armed || !s.CooldownUntil.Equal(fired.At.Add(5*time.Minute)) {
+		t.Errorf("clock %v armed %v cooldown until %v; want clock %v, cooldown until %v", s.Clock, s.Armed, s.CooldownUntil, wantClock, fired.At.Add(5*time.Minute))
+	}
+	o := counter.Outcome{Rule: rule, At: wantClock}
+	if !s.Windows[0].ResetAt.Equal(o.ResetAt(0)) {
+		t.Errorf("window 0 resets at %v, want %v", s.Windows[0].ResetAt, o.ResetAt(0))
+	}
+	f := x.LastFiring
+	if f == nil || f.ID != fired.ID || !f.At.Equal(fired.At) || len(f.Deliveries) != 2 {
+		t.Fatalf("last firing %+v, want %s at %v on 2 channels", f, fired.ID, fired.At)
+	}
+	for _, d := range f.Deliveries {
+		want := map[string]string{"webhook": "sent", "slack": ""}[d.Channel]
+		if d.State != want {
+			t.Errorf("%s: state %q, want %q", d.Channel, d.State, want)
+		}
+	}
+	if after := dump(t, env["KLAXON_PREFIX"]); after != before {
+		t.Errorf("explain changed Redis:\nbefore %s\nafter  %s", before, after)
+	}
+
+	// The human form says the same.
+	r = klaxon(t, env, "explain", "--project", projectA, "--rule", "storm", "--group", "g1", "--title", "db down")
+	for _, want := range []string{`match: yes, the title contains including word "db"`, "window #0  3 in 1m0s: count 4 of 3",
+		"<- closest", "in cooldown until", "last firing " + fired.ID, "webhook  sent", "slack    no record"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("output lacks %q:\n%s", want, r.stdout)
+		}
+	}
+}
+
+// TestExplainEventFileAndUnknownGroup: a sample message gives the group and
+// title; a group never counted is said to be so, armed, without a firing.
+func TestExplainEventFileAndUnknownGroup(t *testing.T) {
+	env, _ := redisEnv(t)
+	ev := writeTemp(t, "event.json", `{"projectId":"`+projectA+`","event":{"title":"TypeError","groupHash":"fresh","isNew":true}}`)
+	r := klaxon(t, env, "explain", "--rule", "storm", "--event", ev)
+	for _, want := range []string{`match: NO, the title contains none of the including words ["db"]`, "group fresh",
+		"nothing counted", "armed"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("output lacks %q:\n%s%s", want, r.stdout, r.stderr)
+		}
+	}
+	if r := klaxon(t, env, "explain", "--project", projectA, "--rule", "nope", "--group", "g"); r.code != exitUsage || !strings.Contains(r.stderr, "no enabled rule nope") {
+		t.Errorf("unknown rule: exit %d, %s", r.code, r.stderr)
+	}
+}
+
+// dump is every key under prefix with its value and TTL (to the second).
+func dump(t *testing.T, prefix string) string {
+	t.Helper()
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	keys, err := rdb.Keys(ctx, prefix+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		v, _ := rdb.Dump(ctx, k).Result()
+		ttl, _ := rdb.PTTL(ctx, k).Result()
+		fmt.Fprintf(&b, "%s=%x ttl~%v; ", k, v, ttl.Round(time.Minute))
+	}
+	return b.String()
+}
