@@ -53,6 +53,11 @@ func main() {
 		os.Exit(2)
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	// go-redis logs through one package-level logger (its own lines on
+	// stderr by default, 5-20 "failed to dial" a Sentinel failover), and
+	// offers no per-client one: set it once, here, so that stderr stays
+	// JSON lines. Tests that call run keep the library's default.
+	redis.SetLogger(redisLogger{log.With("component", "go-redis")})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	context.AfterFunc(ctx, func() {
@@ -240,6 +245,13 @@ func connectedReplicas(info string) int {
 		}
 	}
 	return 0
+}
+
+// redisLogger passes go-redis' log lines to slog.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.WarnContext(ctx, "redis client", "detail", fmt.Sprintf(format, v...))
 }
 
 func deliveryQueue(cfg config.Config) string { return cfg.Prefix + ".deliveries" }
