@@ -23,6 +23,8 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -51,6 +53,11 @@ func main() {
 		os.Exit(2)
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	// go-redis logs through one package-level logger (its own lines on
+	// stderr by default, 5-20 "failed to dial" a Sentinel failover), and
+	// offers no per-client one: set it once, here, so that stderr stays
+	// JSON lines. Tests that call run keep the library's default.
+	redis.SetLogger(redisLogger{log.With("component", "go-redis")})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	context.AfterFunc(ctx, func() {
@@ -111,7 +118,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		eval := &evaluator.Evaluator{
 			Rules: cache,
 			Counter: counter.New(rdb, counter.Options{Prefix: cfg.Prefix, DedupTTL: cfg.DedupTTL,
-				GroupsPerCall: cfg.GroupsPerCall}),
+				GroupsPerCall: cfg.GroupsPerCall, WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout}),
 			Publisher:     pub,
 			DeadQueue:     cfg.DeadQueue(),
 			DeliveryQueue: deliveryQueue(cfg),
@@ -140,7 +147,8 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	dlv := deliverer.New(deliverer.Config{Prefix: cfg.Prefix, Queue: deliveryQueue(cfg), SendTimeout: cfg.SendTimeout,
 		FailedBounds: deadBounds, DigestMaxFirings: cfg.DigestMaxFirings, DigestMaxBytes: cfg.DigestMaxBytes,
 		MaxSendsPerDestination: cfg.MaxSendsPerDestination, MaxSendsPerProject: cfg.MaxSendsPerProject,
-		CircuitTimeouts: cfg.CircuitTimeouts, CircuitOpen: cfg.CircuitOpen},
+		CircuitTimeouts: cfg.CircuitTimeouts, CircuitOpen: cfg.CircuitOpen,
+		WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout},
 		chans, rdb, pub, log.With("stage", "deliverer"), m)
 	if cfg.Role.Delivers() {
 		c, err := queue.NewConsumer(queue.ConsumerConfig{
@@ -156,7 +164,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 
 	checks := map[string]func(context.Context) error{
-		"redis": func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
+		"redis": func(ctx context.Context) error { return redisReady(ctx, rdb, cfg.WaitReplicas) },
 		"rules": func(context.Context) error {
 			if !cache.Ready() {
 				return errors.New("no rules loaded yet")
@@ -211,6 +219,41 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		func(ctx context.Context) error { return depths(ctx, pub, []string{cfg.Queue, deliveryQueue(cfg)}, m) },
 		start,
 	})
+}
+
+// redisReady checks that Redis answers and, when writes wait for replicas
+// (KLAXON_REDIS_WAIT_REPLICAS), that enough are connected: without them
+// every batch fails its WAIT and is held, so the worker is not ready.
+func redisReady(ctx context.Context, rdb redis.UniversalClient, replicas int) error {
+	if replicas == 0 {
+		return rdb.Ping(ctx).Err()
+	}
+	info, err := rdb.Info(ctx, "replication").Result()
+	if err != nil {
+		return err
+	}
+	if n := connectedReplicas(info); n < replicas {
+		return fmt.Errorf("%d replicas connected, KLAXON_REDIS_WAIT_REPLICAS wants %d", n, replicas)
+	}
+	return nil
+}
+
+// connectedReplicas reads connected_slaves from INFO replication.
+func connectedReplicas(info string) int {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "connected_slaves:"); ok {
+			n, _ := strconv.Atoi(v)
+			return n
+		}
+	}
+	return 0
+}
+
+// redisLogger passes go-redis' log lines to slog.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.WarnContext(ctx, "redis client", "detail", fmt.Sprintf(format, v...))
 }
 
 func deliveryQueue(cfg config.Config) string { return cfg.Prefix + ".deliveries" }

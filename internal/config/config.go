@@ -53,6 +53,8 @@ const (
 	EnvBatchSize      = "KLAXON_BATCH_SIZE"
 	EnvGroupsPerCall  = "KLAXON_REDIS_GROUPS_PER_CALL"
 	EnvDedupTTL       = "KLAXON_DEDUP_TTL"
+	EnvWaitReplicas   = "KLAXON_REDIS_WAIT_REPLICAS"
+	EnvWaitTimeout    = "KLAXON_REDIS_WAIT_TIMEOUT"
 	EnvRulesRefresh   = "KLAXON_RULES_REFRESH"
 	EnvSendTimeout    = "KLAXON_SEND_TIMEOUT"
 	EnvPprof          = "KLAXON_PPROF"
@@ -105,6 +107,7 @@ const (
 	defaultBatchSize     = 1000
 	defaultGroupsPerCall = 32
 	defaultDedupTTL      = 10 * time.Minute
+	defaultWaitTimeout   = time.Second
 	defaultRefresh       = 5 * time.Second
 	defaultSendTimeout   = 10 * time.Second
 	defaultPprof         = false
@@ -161,10 +164,12 @@ func Variables() []Variable {
 		{EnvPrefetch, "", strconv.Itoa(defaultPrefetch), false, "unacknowledged messages one worker holds per queue (1-65535)"},
 		{EnvBatchSize, "", strconv.Itoa(defaultBatchSize), false, "most events counted in one Redis call; at most KLAXON_PREFETCH"},
 		{EnvGroupsPerCall, "", strconv.Itoa(defaultGroupsPerCall), false, "(project, group)s counted in one Lua call on a single Redis node or Sentinel (1-1000; always 1 on Cluster); 1 behind a proxy that routes commands by key"},
-		{EnvDedupTTL, "", formatDuration(defaultDedupTTL), false, "how long an AMQP message-id is remembered for de-duplication"},
+		{EnvDedupTTL, "", formatDuration(defaultDedupTTL), false, "how long a message's identity (message-id, else repetitionId) is remembered for de-duplication"},
 		{EnvRulesRefresh, "", formatDuration(defaultRefresh), false, "how often rules are reloaded from MongoDB or the file"},
 		{EnvSendTimeout, "", formatDuration(defaultSendTimeout), false, "time limit of one delivery attempt to a provider"},
 		{EnvPprof, "", strconv.FormatBool(defaultPprof), false, "serve Go's profiler (net/http/pprof) under /debug/pprof/ on KLAXON_HTTP_ADDR"},
+		{EnvWaitReplicas, "", "0", false, "Redis replicas that must acknowledge a batch's writes before its messages are acked (0-16; Sentinel or single node)"},
+		{EnvWaitTimeout, "", formatDuration(defaultWaitTimeout), false, "how long a write waits for KLAXON_REDIS_WAIT_REPLICAS before its batch is held and retried"},
 		{EnvAllowPrivateNetworks, "", "", false, "CIDRs that endpoints from rules may reach besides the public internet, on any port"},
 		{EnvAllowPorts, "", defaultAllowPorts, false, "ports endpoints from rules may reach on public addresses"},
 		{EnvSlackHosts, "", defaultSlackHosts, false, "host[/path-prefix] patterns a Slack endpoint must match"},
@@ -218,6 +223,8 @@ type Config struct {
 	BatchSize     int           // KLAXON_BATCH_SIZE, 1..Prefetch
 	GroupsPerCall int           // KLAXON_REDIS_GROUPS_PER_CALL, 1..1000
 	DedupTTL      time.Duration // KLAXON_DEDUP_TTL, > 0
+	WaitReplicas  int           // KLAXON_REDIS_WAIT_REPLICAS, 0..16; 0 = no WAIT
+	WaitTimeout   time.Duration // KLAXON_REDIS_WAIT_TIMEOUT, > 0
 	RulesRefresh  time.Duration // KLAXON_RULES_REFRESH, > 0
 	SendTimeout   time.Duration // KLAXON_SEND_TIMEOUT, > 0
 	Pprof         bool          // KLAXON_PPROF: serve /debug/pprof/ on HTTPAddr
@@ -407,6 +414,7 @@ func Load(getenv func(string) string) (Config, error) {
 	c.Prefetch, c.BatchSize = l.batching()
 	c.GroupsPerCall = l.groupsPerCall()
 	c.DedupTTL = l.duration(EnvDedupTTL, defaultDedupTTL)
+	c.WaitReplicas, c.WaitTimeout = l.wait(c.RedisURL)
 	c.RulesRefresh = l.duration(EnvRulesRefresh, defaultRefresh)
 	c.SendTimeout = l.duration(EnvSendTimeout, defaultSendTimeout)
 	c.Pprof = l.boolean(EnvPprof, defaultPprof)
@@ -805,6 +813,25 @@ func (l *loader) groupsPerCall() int {
 		return defaultGroupsPerCall
 	}
 	return n
+}
+
+// wait reads KLAXON_REDIS_WAIT_REPLICAS and KLAXON_REDIS_WAIT_TIMEOUT. A
+// WAIT covers the writes of one connection, so it needs a client that
+// writes a batch on one node: a single node or Sentinel. On Cluster, or a
+// Sentinel client that routes reads to replicas (itself a cluster client in
+// go-redis), it could not be kept: refused rather than ignored.
+func (l *loader) wait(redisURL string) (int, time.Duration) {
+	n := l.count(EnvWaitReplicas, 0, 0, 16)
+	d := l.duration(EnvWaitTimeout, defaultWaitTimeout)
+	if n == 0 {
+		return 0, d
+	}
+	if o, err := parseRedisURL(redisURL); err == nil && (o.IsClusterMode || o.RouteByLatency || o.RouteRandomly) {
+		l.fail(l.lookup(EnvWaitReplicas, "", false),
+			"needs a single node or a Sentinel URL without route_by_latency or route_randomly: on Cluster a WAIT cannot follow a batch's writes")
+		return 0, d
+	}
+	return n, d
 }
 
 // count reads a whole number from lo to hi.

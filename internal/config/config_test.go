@@ -43,6 +43,7 @@ func TestLoadDefaults(t *testing.T) {
 		BatchSize:         1000,
 		GroupsPerCall:     32,
 		DedupTTL:          10 * time.Minute,
+		WaitTimeout:       time.Second,
 		RulesRefresh:      5 * time.Second,
 		SendTimeout:       10 * time.Second,
 		AllowPorts:        "80,443",

@@ -37,6 +37,8 @@ func (c Config) attrs() []slog.Attr {
 		slog.Int("batch_size", c.BatchSize),
 		slog.Int("redis_groups_per_call", c.GroupsPerCall),
 		slog.String("dedup_ttl", c.DedupTTL.String()), // JSON logs would show ns
+		slog.Int("redis_wait_replicas", c.WaitReplicas),
+		slog.String("redis_wait_timeout", c.WaitTimeout.String()),
 		slog.String("rules_refresh", c.RulesRefresh.String()),
 		slog.String("send_timeout", c.SendTimeout.String()),
 		slog.Bool("pprof", c.Pprof),

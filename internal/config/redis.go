@@ -242,6 +242,14 @@ func sentinel(scheme string, hosts []string, path string, query url.Values) (*re
 	if query.Has("use_disconnected_replicas") {
 		return nil, errors.New("option use_disconnected_replicas is not supported")
 	}
+	// Klaxon writes on every batch, and a replica answers every write with
+	// READONLY: such a worker would hold all its messages while looking
+	// healthy. go-redis' parser knows the option, so it is refused here.
+	if replicaOnly, err := popBool(query, "replica_only"); err != nil {
+		return nil, err
+	} else if replicaOnly {
+		return nil, errors.New("option replica_only=true is not accepted: Klaxon writes to Redis, and a replica refuses writes (READONLY); leave it out to use the master")
+	}
 	addrs, err := withPorts(hosts, "26379")
 	if err != nil {
 		return nil, err
@@ -263,7 +271,6 @@ func sentinel(scheme string, hosts []string, path string, query url.Values) (*re
 		RouteByLatency:          o.RouteByLatency,
 		RouteByLatencyTolerance: o.RouteByLatencyTolerance,
 		RouteRandomly:           o.RouteRandomly,
-		ReadOnly:                o.ReplicaOnly, // UniversalOptions.Failover maps ReadOnly to ReplicaOnly
 		MaxRetries:              o.MaxRetries,
 		MinRetryBackoff:         o.MinRetryBackoff,
 		MaxRetryBackoff:         o.MaxRetryBackoff,

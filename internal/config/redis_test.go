@@ -112,7 +112,7 @@ func TestRedisOptionsKeepLibraryOptions(t *testing.T) {
 	})
 
 	t.Run("sentinel", func(t *testing.T) {
-		q := common + "&replica_only=true&dialer_retries=3&dialer_retry_timeout=50ms&context_timeout_enabled=true"
+		q := common + "&dialer_retries=3&dialer_retry_timeout=50ms&context_timeout_enabled=true"
 		lib, err := redis.ParseFailoverURL("rediss://s1:26379/2?" + q + "&master_name=mymaster&addr=s2:26380&username=u&password=pw&skip_verify=true")
 		if err != nil {
 			t.Fatal(err)

@@ -25,6 +25,15 @@ func TestLoadRefusesWhatTheComponentsWouldRefuse(t *testing.T) {
 		{"dedup ttl under 1ms", map[string]string{EnvDedupTTL: "500us"}, EnvDedupTTL, "1ms"},
 		{"refresh under 1ms", map[string]string{EnvRulesRefresh: "1ns"}, EnvRulesRefresh, "1ms"},
 		{"send timeout under 1ms", map[string]string{EnvSendTimeout: "999us"}, EnvSendTimeout, "1ms"},
+		// A Sentinel client with replica_only=true answered every batch with
+		// READONLY while /readyz said 200 and 300 messages waited.
+		{"sentinel replica only", map[string]string{EnvRedisURL: "redis+sentinel://s1,s2/mymaster?replica_only=true"}, EnvRedisURL, "READONLY"},
+		// counter.New drops WAIT for a cluster client: the setting would be
+		// ignored, and failovers would lose writes it was set to keep.
+		{"wait on cluster", map[string]string{EnvRedisURL: "redis+cluster://n1:7000", EnvWaitReplicas: "1"}, EnvWaitReplicas, "Cluster"},
+		{"wait on sentinel routing reads", map[string]string{EnvRedisURL: "redis+sentinel://s1/mymaster?route_randomly=true", EnvWaitReplicas: "1"}, EnvWaitReplicas, "route_randomly"},
+		{"wait replicas", map[string]string{EnvWaitReplicas: "17"}, EnvWaitReplicas, "from 0 to 16"},
+		{"wait timeout", map[string]string{EnvWaitTimeout: "0s"}, EnvWaitTimeout, "not positive"},
 		// The MongoDB driver refused these at start-up, after "klaxon
 		// starting", in an error that named no variable.
 		{"mongo option value", map[string]string{EnvMongoURL: "mongodb://u:s3cr3t@m/hawk?connectTimeoutMS=abc"}, EnvMongoURL, "connectTimeoutMS"},

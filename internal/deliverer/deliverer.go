@@ -117,6 +117,14 @@ type Config struct {
 	// queues, each wait counting as an attempt, until one send probes it.
 	CircuitTimeouts int
 	CircuitOpen     time.Duration
+	// WaitReplicas, when above 0, makes claims and records wait (Redis
+	// WAIT) until that many replicas hold them, for at most WaitTimeout
+	// [1 s]; fewer fails the job's batch, which is retried. Without it a
+	// Sentinel failover may lose a claim or a "sent" record the old master
+	// acknowledged, and the notification can be sent again. Single node and
+	// Sentinel only: on a cluster client it is ignored, as in counter.
+	WaitReplicas int
+	WaitTimeout  time.Duration
 }
 
 // Defaults of the digest bounds.
@@ -188,6 +196,9 @@ func New(cfg Config, channels map[string]notify.Channel, rdb redis.UniversalClie
 	cfg.MaxSendsPerProject = cmp.Or(max(cfg.MaxSendsPerProject, 0), DefaultMaxSendsPerProject)
 	cfg.CircuitTimeouts = cmp.Or(max(cfg.CircuitTimeouts, 0), DefaultCircuitTimeouts)
 	cfg.CircuitOpen = cmp.Or(max(cfg.CircuitOpen, 0), DefaultCircuitOpen)
+	if cfg.WaitTimeout <= 0 {
+		cfg.WaitTimeout = time.Second
+	}
 	n, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
 	return &Deliverer{
 		cfg: cfg, channels: channels, rdb: rdb, pub: pub, log: log, metrics: m,
@@ -285,12 +296,18 @@ func (d *Deliverer) claimKey(id string) string { return d.cfg.Prefix + ":sent:" 
 func (d *Deliverer) claim(ctx context.Context, key, token string) (int, time.Duration, error) {
 	var set *redis.StatusCmd
 	var ttl *redis.DurationCmd
-	_, err := d.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		set = p.SetArgs(ctx, key, token, redis.SetArgs{Mode: "NX", Get: true, TTL: 2 * d.cfg.SendTimeout})
-		ttl = p.PTTL(ctx, key)
-		return nil
+	err := d.replicated(ctx, func(rdb redis.Cmdable) error {
+		_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			set = p.SetArgs(ctx, key, token, redis.SetArgs{Mode: "NX", Get: true, TTL: 2 * d.cfg.SendTimeout})
+			ttl = p.PTTL(ctx, key)
+			return nil
+		})
+		if errors.Is(err, redis.Nil) {
+			err = nil // no claim before ours: set says so below
+		}
+		return err
 	})
-	if err != nil && !errors.Is(err, redis.Nil) {
+	if err != nil {
 		return 0, 0, fmt.Errorf("claim %s: %w", key, err)
 	}
 	old, err := set.Result()
@@ -308,10 +325,31 @@ func (d *Deliverer) claim(ctx context.Context, key, token string) (int, time.Dur
 }
 
 func (d *Deliverer) record(ctx context.Context, key, state string) error {
-	if err := d.rdb.Set(ctx, key, state, d.cfg.Keep).Err(); err != nil {
+	err := d.replicated(ctx, func(rdb redis.Cmdable) error { return rdb.Set(ctx, key, state, d.cfg.Keep).Err() })
+	if err != nil {
 		return fmt.Errorf("record %s as %s: %w", key, state, err)
 	}
 	return nil
+}
+
+// replicated runs write and, with Config.WaitReplicas, then waits until
+// that many replicas hold it. WAIT counts what its own connection wrote,
+// so both run on one connection taken from the pool.
+func (d *Deliverer) replicated(ctx context.Context, write func(redis.Cmdable) error) error {
+	client, single := d.rdb.(*redis.Client)
+	if d.cfg.WaitReplicas <= 0 || !single {
+		return write(d.rdb)
+	}
+	conn := client.Conn()
+	defer conn.Close()
+	if err := write(conn); err != nil {
+		return err
+	}
+	n, err := conn.Do(ctx, "WAIT", d.cfg.WaitReplicas, d.cfg.WaitTimeout.Milliseconds()).Int64()
+	if err == nil && n < int64(d.cfg.WaitReplicas) {
+		err = fmt.Errorf("%d of %d replicas acknowledged the write within %s", n, d.cfg.WaitReplicas, d.cfg.WaitTimeout)
+	}
+	return err
 }
 
 // deliver sends one firing on one channel, once.

@@ -548,3 +548,25 @@ func TestDecodeJobRefusesBadJobs(t *testing.T) {
 		t.Errorf("a good flush job: %v", err)
 	}
 }
+
+// With WaitReplicas, a claim or a record that no replica acknowledged
+// fails, so that the job is held and tried again rather than sent on a
+// claim, or acked on a record, that a Sentinel failover could lose; the
+// test's Redis has no replica.
+func TestWaitReplicasFailsClaimsAndRecordsWithoutReplicas(t *testing.T) {
+	ctx := context.Background()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	d := New(Config{Prefix: testenv.KeyPrefix(t), WaitReplicas: 1, WaitTimeout: 10 * time.Millisecond},
+		map[string]notify.Channel{"slack": &recorder{}}, testenv.Redis(t), nil, log, metrics.New(prometheus.NewRegistry()))
+	key := d.claimKey("n1:slack")
+	if _, _, err := d.claim(ctx, key, "c:token"); err == nil || !strings.Contains(err.Error(), "0 of 1 replicas") {
+		t.Errorf("claim without replicas: %v, want an error saying no replica acknowledged", err)
+	}
+	if err := d.record(ctx, key, "sent"); err == nil || !strings.Contains(err.Error(), "0 of 1 replicas") {
+		t.Errorf("record without replicas: %v, want an error saying no replica acknowledged", err)
+	}
+	// The writes themselves were made: a retry finds its own claim.
+	if v := testenv.Redis(t).Get(ctx, key).Val(); v != "sent" {
+		t.Errorf("%s = %q, want the record written", key, v)
+	}
+}
