@@ -175,6 +175,8 @@ type Engine struct {
 	// groupsPerCall is Options.GroupsPerCall, 1 where keys of different
 	// hash slots may live on different nodes.
 	groupsPerCall int
+	// eventsPerCall bounds a group's events in one observe.lua call.
+	eventsPerCall int
 	verbose       bool
 	waitReplicas  int
 	waitTimeout   time.Duration
@@ -210,6 +212,7 @@ func New(rdb redis.UniversalClient, opts Options) *Engine {
 		prefix:        opts.Prefix,
 		dedupTTL:      opts.DedupTTL.Milliseconds(),
 		groupsPerCall: opts.GroupsPerCall,
+		eventsPerCall: 32,
 		verbose:       opts.Verbose,
 		waitReplicas:  opts.WaitReplicas,
 		waitTimeout:   opts.WaitTimeout,
@@ -238,9 +241,20 @@ type group struct {
 	pages   []any
 }
 
-// call is one script call: the events of up to groupsPerCall groups.
+// part is the events of one group that one script call counts: all of
+// them, or for observe.lua a chunk of at most eventsPerCall, and the
+// tokens that mark this write and the later ones of the same batch (see
+// chunks).
+type part struct {
+	g      *group
+	events []int
+	token  int64
+	done   []int64
+}
+
+// call is one script call: parts of up to groupsPerCall groups, one each.
 type call struct {
-	groups []*group
+	parts  []part
 	keys   []string
 	rules  []*rules.Rule
 	index  map[ruleKey]int // into rules
@@ -364,21 +378,62 @@ func (e *Engine) group(b *batch) []*group {
 	return groups
 }
 
-// plan puts groups into script calls: enough groups a call to pay its
-// fixed cost rarely, few enough that one script, which Redis runs alone,
-// ends within milliseconds.
+// plan puts groups into observe.lua calls: enough groups a call to pay
+// its fixed cost rarely, few enough, and few enough events of each, that
+// one script, which Redis runs alone, ends within milliseconds whatever a
+// project's rules. A group of more events goes in chunks, one a call, in
+// order.
 func (e *Engine) plan(b *batch, groups []*group) []*call {
-	per := e.groupsPerCall
-	var calls []*call
-	for lo := 0; lo < len(groups); lo += per {
-		c := &call{groups: groups[lo:min(lo+per, len(groups))]}
-		for _, g := range c.groups {
-			c.keys = append(c.keys, g.base)
+	var rounds [][]part // round r: chunk r of every group that has one
+	for _, g := range groups {
+		for r, p := range e.chunks(b, g) {
+			if r == len(rounds) {
+				rounds = append(rounds, nil)
+			}
+			rounds[r] = append(rounds[r], p)
 		}
-		c.args = e.args(c, b)
-		calls = append(calls, c)
+	}
+	var calls []*call
+	for _, round := range rounds {
+		for lo := 0; lo < len(round); lo += e.groupsPerCall {
+			c := &call{parts: round[lo:min(lo+e.groupsPerCall, len(round))]}
+			for _, p := range c.parts {
+				c.keys = append(c.keys, p.g.base)
+			}
+			c.args = e.args(c, b)
+			calls = append(calls, c)
+		}
 	}
 	return calls
+}
+
+// chunks splits a group's events into parts of at most eventsPerCall. Each
+// part's token is a hash of the batch's token, the part's place and its
+// events, so
+// that the same batch makes the same tokens at every attempt; a part is
+// done when the group's state holds its token, the token of a later part
+// (written after it), or the batch's own token, which the fast path writes
+// for a whole group. Should the parts change between attempts (rules
+// edited meanwhile), the tokens change with them: events without ids may
+// then count twice, never zero times.
+func (e *Engine) chunks(b *batch, g *group) []part {
+	var parts []part
+	for lo := 0; lo < len(g.events); lo += e.eventsPerCall {
+		evs := g.events[lo:min(lo+e.eventsPerCall, len(g.events))]
+		h := fnv.New64a()
+		fmt.Fprint(h, b.token, ",", lo, ",")
+		for _, i := range evs {
+			h.Write([]byte(b.keys[i]))
+		}
+		parts = append(parts, part{g: g, events: evs, token: int64(h.Sum64()%(1<<53-1)) + 1})
+	}
+	for i := range parts {
+		parts[i].done = append(parts[i].done, b.token)
+		for _, later := range parts[i+1:] {
+			parts[i].done = append(parts[i].done, later.token)
+		}
+	}
+	return parts
 }
 
 // ruleKey names a rule's state by id and version, not by pointer: a batch
@@ -429,9 +484,9 @@ func eventKey(ev *Event) (key, mode string) {
 func (e *Engine) args(c *call, b *batch) []any {
 	events := b.events
 	size := 4
-	for _, g := range c.groups {
-		size++
-		for _, i := range g.events {
+	for _, p := range c.parts {
+		size += 3 + len(p.done)
+		for _, i := range p.events {
 			size += 5 + len(events[i].Rules)
 			for _, r := range events[i].Rules {
 				c.add(r)
@@ -446,7 +501,7 @@ func (e *Engine) args(c *call, b *batch) []any {
 		verbose = 1
 	}
 	args := make([]any, 0, size)
-	args = append(args, e.dedupTTL, b.token, verbose, len(c.rules))
+	args = append(args, e.dedupTTL, 0, verbose, len(c.rules))
 	for _, r := range c.rules {
 		users := 0
 		if r.Users {
@@ -458,9 +513,13 @@ func (e *Engine) args(c *call, b *batch) []any {
 			args = append(args, info.rings[i].tag, w.Threshold, info.rings[i].period, info.rings[i].bucket)
 		}
 	}
-	for _, g := range c.groups {
-		args = append(args, len(g.events))
-		for _, i := range g.events {
+	for _, p := range c.parts {
+		args = append(args, p.token, len(p.done))
+		for _, t := range p.done {
+			args = append(args, t)
+		}
+		args = append(args, len(p.events))
+		for _, i := range p.events {
 			ev := &events[i]
 			ts := int64(-1)
 			if !ev.Time.IsZero() {
@@ -569,8 +628,8 @@ func decode(c *call, events []Event, results []Result) error {
 	}
 	now := vals[0]
 	var order []int // the call's events, as the script numbers them from 1
-	for _, g := range c.groups {
-		for _, i := range g.events {
+	for _, p := range c.parts {
+		for _, i := range p.events {
 			ev := &events[i]
 			te := now
 			if !ev.Time.IsZero() {

@@ -535,6 +535,10 @@ func differential(t *testing.T, rdb redis.UniversalClient, streams int, seed uin
 		// Every third stream is counted by the script alone; the others
 		// mostly in the worker, the script taking repeats and conflicts.
 		e.scriptOnly = s%3 == 1
+		if s%4 == 3 {
+			// Groups of more events go to the script in chunks.
+			e.eventsPerCall = 1 + s%5
+		}
 		model := NewModel()
 		var rs []*rules.Rule
 		for range 1 + rng.IntN(4) {
@@ -789,6 +793,10 @@ func TestModelAgreesWithLuaAtTheEdges(t *testing.T) {
 		rng := rand.New(rand.NewPCG(11, uint64(s)))
 		e := New(rdb, Options{Verbose: true, Prefix: testPrefix(t, rdb), GroupsPerCall: 1 + rng.IntN(40)})
 		e.scriptOnly = s%3 == 1
+		if s%4 == 3 {
+			// Groups of more events go to the script in chunks.
+			e.eventsPerCall = 1 + s%5
+		}
 		model := NewModel()
 		var rs []*rules.Rule
 		for range 1 + rng.IntN(4) {

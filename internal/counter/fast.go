@@ -77,9 +77,13 @@ func (e *Engine) observeFast(ctx context.Context, b *batch, groups []*group) (sl
 	}
 	var calls []*call
 	for lo := 0; lo < len(counted); lo += e.groupsPerCall {
-		c := &call{groups: counted[lo:min(lo+e.groupsPerCall, len(counted))]}
+		c := &call{}
+		for _, g := range counted[lo:min(lo+e.groupsPerCall, len(counted))] {
+			c.parts = append(c.parts, part{g: g, events: g.events, token: b.token})
+		}
 		c.args = []any{(slot + 2) * e.dedupTTL}
-		for _, g := range c.groups {
+		for _, p := range c.parts {
+			g := p.g
 			c.keys = append(c.keys, g.base)
 			c.args = append(c.args, g.gen, g.state, g.expiry, len(g.records)/2)
 			c.args = append(c.args, g.records...)
@@ -96,11 +100,11 @@ func (e *Engine) observeFast(ctx context.Context, b *batch, groups []*group) (sl
 		if err != nil {
 			return nil, fmt.Errorf("store states from %s: %w", c.keys[0], err)
 		}
-		if len(stored) != len(c.groups) {
-			return nil, fmt.Errorf("store states from %s: %d answers for %d groups", c.keys[0], len(stored), len(c.groups))
+		if len(stored) != len(c.parts) {
+			return nil, fmt.Errorf("store states from %s: %d answers for %d groups", c.keys[0], len(stored), len(c.parts))
 		}
-		for i, g := range c.groups {
-			if stored[i] != 1 {
+		for i, p := range c.parts {
+			if g := p.g; stored[i] != 1 {
 				// Another worker wrote the state meanwhile: count again,
 				// in the script, from the state as it is now.
 				for _, ev := range g.events {
@@ -135,8 +139,15 @@ func (e *Engine) fastCandidate(b *batch, g *group) bool {
 // an id seen before, this Observe's token already in the state, or ids
 // that would leave the state for pages.
 func (e *Engine) countGroup(b *batch, g *group, st *groupState, pages map[string][]byte, now, slot int64) bool {
+	// This batch wrote the group already (an attempt whose reply was lost),
+	// in the worker or in the script's chunks: the script replays it.
 	if st.replayed(b.token) {
 		return false
+	}
+	for _, p := range e.chunks(b, g) {
+		if st.replayed(p.token) {
+			return false
+		}
 	}
 	ids := newIDs(b, g)
 	for i := 0; i+8 <= len(ids); i += 8 {

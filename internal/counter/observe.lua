@@ -4,13 +4,16 @@
 -- KEYS   one base "<prefix>:{<hash of project and group>}" per group in the
 --        call; every key the call touches starts with a base of KEYS, so a
 --        call of one group runs on Redis Cluster.
--- ARGV   dedupTTL(ms) token verbose(0|1) nrules
+-- ARGV   dedupTTL(ms) unused verbose(0|1) nrules
 --        per rule:  tag id ttl(ms) cooldown(ms) users(0|1) nwindows
 --                   per window: ring threshold period(ms) bucket(ms)
---        per group, in KEYS order: nevents
+--        per group, in KEYS order: token ndone done... nevents
 --          per event: key mode ts(ms, -1 = now) user nmatched rule-index...
 --
--- An event's key is 8 bytes: a hash of its message id (mode 1), or of its
+-- A group's token marks this write of its state; the group's events were
+-- counted already (a call sent again, a batch tried again) if its state
+-- holds the token or one of the done tokens (the batch's other writes of
+-- the group that come after this one). An event's key is 8 bytes: a hash of its message id (mode 1), or of its
 -- body when it has no id (mode 0, or 2 when the broker redelivered it).
 --
 -- A group's state is one string, "<base>:s", read with one MGET for the
@@ -49,7 +52,7 @@ local pack, unpack_s = struct.pack, struct.unpack
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + floor(tonumber(clock[2]) / 1000)
 
-local dedup_ttl, token, verbose = tonumber(a[1]), tonumber(a[2]), a[3] == '1'
+local dedup_ttl, verbose = tonumber(a[1]), a[3] == '1'
 local slot = floor(now / dedup_ttl)
 local ids_until = (slot + 2) * dedup_ttl
 local ids_pxat = fmt('%d', ids_until)
@@ -365,7 +368,12 @@ end
 -- The groups of the call: their events, and the ids to look up.
 local groups = {}
 for gi = 1, #KEYS do
-  local g = {base = KEYS[gi], n = tonumber(a[p]), at = p + 1, ids = {}}
+  local g = {base = KEYS[gi], token = tonumber(a[p]), done = {}, ids = {}}
+  g.done[g.token] = true
+  local nd = tonumber(a[p + 1])
+  for i = p + 2, p + 1 + nd do g.done[tonumber(a[i])] = true end
+  p = p + 2 + nd
+  g.n, g.at = tonumber(a[p]), p + 1
   p = p + 1
   for _ = 1, g.n do
     local nm = tonumber(a[p + 4])
@@ -461,8 +469,9 @@ local function count(g, rule, te, user)
 end
 
 for _, g in ipairs(groups) do
-  local replayed = token == g.t1 or token == g.t2 or token == g.t3 or token == g.t4
-  if not replayed then g.t1, g.t2, g.t3, g.t4 = token, g.t1, g.t2, g.t3 end
+  local d = g.done
+  local replayed = d[g.t1] or d[g.t2] or d[g.t3] or d[g.t4]
+  if not replayed then g.t1, g.t2, g.t3, g.t4 = g.token, g.t1, g.t2, g.t3 end
 
   -- Which events repeat, and the records of their firings.
   local dup
