@@ -250,6 +250,7 @@ type part struct {
 	events []int
 	token  int64
 	done   []int64
+	work   int // of its events (eventWork)
 }
 
 // call is one script call: parts of up to groupsPerCall groups, one each.
@@ -395,8 +396,14 @@ func (e *Engine) plan(b *batch, groups []*group) []*call {
 	}
 	var calls []*call
 	for _, round := range rounds {
-		for lo := 0; lo < len(round); lo += e.groupsPerCall {
-			c := &call{parts: round[lo:min(lo+e.groupsPerCall, len(round))]}
+		for len(round) > 0 {
+			n, work := 0, 0
+			for n < len(round) && n < e.groupsPerCall && (n == 0 || work+round[n].work <= callWork) {
+				work += round[n].work
+				n++
+			}
+			c := &call{parts: round[:n:n]}
+			round = round[n:]
 			for _, p := range c.parts {
 				c.keys = append(c.keys, p.g.base)
 			}
@@ -407,7 +414,28 @@ func (e *Engine) plan(b *batch, groups []*group) []*call {
 	return calls
 }
 
-// chunks splits a group's events into parts of at most eventsPerCall. Each
+// callWork bounds the work of one observe.lua call, in units of eventWork:
+// about 8 ms of Redis at the worst (rules that count users, each a dozen
+// commands an event), a few hundred events of ordinary rules.
+const callWork = 12_000
+
+// eventWork is a measure of what observe.lua does for an event: a unit a
+// rule and a window, and for rules that count users, whose sorted set
+// takes commands of their own, four times that.
+func eventWork(ev *Event) int {
+	w := 1
+	for _, r := range ev.Rules {
+		n := 1 + len(r.Windows)
+		if r.Users {
+			n *= 4
+		}
+		w += n
+	}
+	return w
+}
+
+// chunks splits a group's events into parts of at most eventsPerCall, and
+// of at most callWork unless a part is a single event. Each
 // part's token is a hash of the batch's token, the part's place and its
 // events, so
 // that the same batch makes the same tokens at every attempt; a part is
@@ -418,14 +446,24 @@ func (e *Engine) plan(b *batch, groups []*group) []*call {
 // then count twice, never zero times.
 func (e *Engine) chunks(b *batch, g *group) []part {
 	var parts []part
-	for lo := 0; lo < len(g.events); lo += e.eventsPerCall {
-		evs := g.events[lo:min(lo+e.eventsPerCall, len(g.events))]
+	for lo := 0; lo < len(g.events); {
+		hi, work := lo, 0
+		for hi < len(g.events) && hi-lo < e.eventsPerCall {
+			w := eventWork(&b.events[g.events[hi]])
+			if hi > lo && work+w > callWork {
+				break
+			}
+			work += w
+			hi++
+		}
+		evs := g.events[lo:hi]
 		h := fnv.New64a()
 		fmt.Fprint(h, b.token, ",", lo, ",")
 		for _, i := range evs {
 			h.Write([]byte(b.keys[i]))
 		}
-		parts = append(parts, part{g: g, events: evs, token: int64(h.Sum64()%(1<<53-1)) + 1})
+		parts = append(parts, part{g: g, events: evs, token: int64(h.Sum64()%(1<<53-1)) + 1, work: work})
+		lo = hi
 	}
 	for i := range parts {
 		parts[i].done = append(parts[i].done, b.token)
