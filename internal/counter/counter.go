@@ -255,12 +255,12 @@ type part struct {
 
 // call is one script call: parts of up to groupsPerCall groups, one each.
 type call struct {
-	parts  []part
-	keys   []string
-	rules  []*rules.Rule
-	index  map[ruleKey]int // into rules
-	args   []any
-	cmd    *redis.Cmd
+	parts []part
+	keys  []string
+	rules []*rules.Rule
+	index map[ruleKey]int // into rules
+	args  []any
+	cmd   *redis.Cmd
 }
 
 // Observe counts a batch of events and returns one Result per event, in
