@@ -4,7 +4,7 @@
 -- write), or the state still missing. A group whose state changed
 -- meanwhile is left as it is, for the worker to count with observe.lua.
 --
--- KEYS   one base "<prefix>:{…}" per group
+-- KEYS   one state key "<base>:s" per group, base being "<prefix>:{…}"
 -- ARGV   idsUntil(ms), then per group, in KEYS order:
 --          generation (as read: 4 bytes, or '' for none) state expiry(ms)
 --          nrecords, then nrecords pairs of event key and firing record
@@ -15,8 +15,8 @@
 
 local a, out, p = ARGV, {}, 2
 for i = 1, #KEYS do
-  local base, nrec = KEYS[i], tonumber(a[p + 3])
-  local key = base .. ':s'
+  local key, nrec = KEYS[i], tonumber(a[p + 3])
+  local base = string.sub(key, 1, -3)
   local q = p + 4 + 2 * nrec
   local npages = tonumber(a[q])
   if redis.call('GETRANGE', key, 79, 82) == a[p] then

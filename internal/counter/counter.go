@@ -405,7 +405,7 @@ func (e *Engine) plan(b *batch, groups []*group) []*call {
 			c := &call{parts: round[:n:n]}
 			round = round[n:]
 			for _, p := range c.parts {
-				c.keys = append(c.keys, p.g.base)
+				c.keys = append(c.keys, p.g.base+":s")
 			}
 			c.args = e.args(c, b)
 			calls = append(calls, c)

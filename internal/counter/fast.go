@@ -84,7 +84,7 @@ func (e *Engine) observeFast(ctx context.Context, b *batch, groups []*group) (sl
 		c.args = []any{(slot + 2) * e.dedupTTL}
 		for _, p := range c.parts {
 			g := p.g
-			c.keys = append(c.keys, g.base)
+			c.keys = append(c.keys, g.base+":s")
 			c.args = append(c.args, g.gen, g.state, g.expiry, len(g.records)/2)
 			c.args = append(c.args, g.records...)
 			c.args = append(c.args, len(g.pages)/3)

@@ -1,9 +1,10 @@
 -- observe.lua: count a batch of events against the rules they matched,
 -- atomically, and say which rules fire.
 --
--- KEYS   one base "<prefix>:{<hash of project and group>}" per group in the
---        call; every key the call touches starts with a base of KEYS, so a
---        call of one group runs on Redis Cluster.
+-- KEYS   one group's state key "<base>:s" per group in the call, base being
+--        "<prefix>:{<hash of project and group>}"; every key the call
+--        touches starts with a base, so a call of one group runs on Redis
+--        Cluster, and the state key, declared, follows a slot in migration.
 -- ARGV   dedupTTL(ms) unused verbose(0|1) nrules
 --        per rule:  tag id ttl(ms) cooldown(ms) users(0|1) nwindows
 --                   per window: ring threshold period(ms) bucket(ms)
@@ -368,7 +369,7 @@ end
 -- The groups of the call: their events, and the ids to look up.
 local groups = {}
 for gi = 1, #KEYS do
-  local g = {base = KEYS[gi], token = tonumber(a[p]), done = {}, ids = {}}
+  local g = {base = string.sub(KEYS[gi], 1, -3), token = tonumber(a[p]), done = {}, ids = {}}
   g.done[g.token] = true
   local nd = tonumber(a[p + 1])
   for i = p + 2, p + 1 + nd do g.done[tonumber(a[i])] = true end
