@@ -37,6 +37,7 @@ const (
 	EnvQueue          = "KLAXON_QUEUE"
 	EnvRedisURL       = "KLAXON_REDIS_URL"
 	EnvMongoURL       = "KLAXON_MONGO_URL"
+	EnvEventsMongoURL = "KLAXON_EVENTS_MONGO_URL"
 	EnvRulesFile      = "KLAXON_RULES_FILE"
 	EnvPrefix         = "KLAXON_PREFIX"
 	EnvHTTPAddr       = "KLAXON_HTTP_ADDR"
@@ -91,6 +92,8 @@ const (
 	aliasAMQPURL         = "REGISTRY_URL"
 	aliasRedisURL        = "REDIS_URL"
 	aliasMongoURL        = "MONGO_ACCOUNTS_DATABASE_URI"
+	aliasEventsMongoURL  = "MONGO_EVENTS_DATABASE_URI"
+	defaultEventsDB      = "hawk_events" // Hawk's events database
 	defaultAMQPURL       = "amqp://guest:guest@127.0.0.1:5672/"
 	defaultQueue         = "notifier"
 	defaultRedisURL      = "redis://127.0.0.1:6379/0"
@@ -149,6 +152,7 @@ func Variables() []Variable {
 		{EnvQueue, "", defaultQueue, false, "queue of incoming Hawk events, declared durable if missing"},
 		{EnvRedisURL, aliasRedisURL, defaultRedisURL, true, "Redis URL: redis[s]:// single node, redis[s]+sentinel://, redis[s]+cluster://"},
 		{EnvMongoURL, aliasMongoURL, defaultMongoURL, true, "MongoDB URL of the rules store; its path names the database"},
+		{EnvEventsMongoURL, aliasEventsMongoURL, "", true, "MongoDB URL of Hawk's events database, for group history and resolved/ignored marks; unset = not used"},
 		{EnvRulesFile, "", "", false, "YAML rules file used instead of MongoDB when set"},
 		{EnvPrefix, "", defaultPrefix, false, "namespace of every Redis key and every queue Klaxon creates"},
 		{EnvHTTPAddr, "", defaultHTTPAddr, false, "host:port serving /metrics, /healthz and /readyz"},
@@ -202,32 +206,37 @@ func Variables() []Variable {
 // TelegramToken) are plain strings for the code that connects; print a Config
 // only through String or LogValue, which redact them.
 type Config struct {
-	AMQPURL       string        // KLAXON_AMQP_URL
-	Queue         string        // KLAXON_QUEUE; dead letters go to Queue + ".dead"
-	RedisURL      string        // KLAXON_REDIS_URL; use RedisOptions to connect
-	MongoURL      string        // KLAXON_MONGO_URL, as given (pass it to the driver)
-	MongoDatabase string        // the database named by MongoURL's path, "hawk" when none
-	RulesFile     string        // KLAXON_RULES_FILE; "" = rules come from MongoDB
-	Prefix        string        // KLAXON_PREFIX
-	HTTPAddr      string        // KLAXON_HTTP_ADDR
-	SMTPAddr      string        // KLAXON_SMTP_ADDR; "" = email channel not configured
-	SMTPUsername  string        // KLAXON_SMTP_USERNAME; "" = no SMTP AUTH
-	SMTPPassword  string        // KLAXON_SMTP_PASSWORD
-	SMTPFrom      string        // KLAXON_SMTP_FROM, an RFC 5322 address
-	SMTPTLS       email.TLSMode // KLAXON_SMTP_TLS
-	TelegramToken string        // KLAXON_TELEGRAM_TOKEN; "" = Telegram channel not configured
-	TelegramAPI   string        // KLAXON_TELEGRAM_API_URL, without a trailing slash
-	LogLevel      slog.Level    // KLAXON_LOG_LEVEL
-	Role          Role          // KLAXON_ROLE
-	Prefetch      int           // KLAXON_PREFETCH, 1..65535
-	BatchSize     int           // KLAXON_BATCH_SIZE, 1..Prefetch
-	GroupsPerCall int           // KLAXON_REDIS_GROUPS_PER_CALL, 1..1000
-	DedupTTL      time.Duration // KLAXON_DEDUP_TTL, > 0
-	WaitReplicas  int           // KLAXON_REDIS_WAIT_REPLICAS, 0..16; 0 = no WAIT
-	WaitTimeout   time.Duration // KLAXON_REDIS_WAIT_TIMEOUT, > 0
-	RulesRefresh  time.Duration // KLAXON_RULES_REFRESH, > 0
-	SendTimeout   time.Duration // KLAXON_SEND_TIMEOUT, > 0
-	Pprof         bool          // KLAXON_PPROF: serve /debug/pprof/ on HTTPAddr
+	AMQPURL       string // KLAXON_AMQP_URL
+	Queue         string // KLAXON_QUEUE; dead letters go to Queue + ".dead"
+	RedisURL      string // KLAXON_REDIS_URL; use RedisOptions to connect
+	MongoURL      string // KLAXON_MONGO_URL, as given (pass it to the driver)
+	MongoDatabase string // the database named by MongoURL's path, "hawk" when none
+	// EventsMongoURL is Hawk's events database (KLAXON_EVENTS_MONGO_URL),
+	// "" when not configured; EventsDatabase is the database its path
+	// names, "hawk_events" when none.
+	EventsMongoURL string
+	EventsDatabase string
+	RulesFile      string        // KLAXON_RULES_FILE; "" = rules come from MongoDB
+	Prefix         string        // KLAXON_PREFIX
+	HTTPAddr       string        // KLAXON_HTTP_ADDR
+	SMTPAddr       string        // KLAXON_SMTP_ADDR; "" = email channel not configured
+	SMTPUsername   string        // KLAXON_SMTP_USERNAME; "" = no SMTP AUTH
+	SMTPPassword   string        // KLAXON_SMTP_PASSWORD
+	SMTPFrom       string        // KLAXON_SMTP_FROM, an RFC 5322 address
+	SMTPTLS        email.TLSMode // KLAXON_SMTP_TLS
+	TelegramToken  string        // KLAXON_TELEGRAM_TOKEN; "" = Telegram channel not configured
+	TelegramAPI    string        // KLAXON_TELEGRAM_API_URL, without a trailing slash
+	LogLevel       slog.Level    // KLAXON_LOG_LEVEL
+	Role           Role          // KLAXON_ROLE
+	Prefetch       int           // KLAXON_PREFETCH, 1..65535
+	BatchSize      int           // KLAXON_BATCH_SIZE, 1..Prefetch
+	GroupsPerCall  int           // KLAXON_REDIS_GROUPS_PER_CALL, 1..1000
+	DedupTTL       time.Duration // KLAXON_DEDUP_TTL, > 0
+	WaitReplicas   int           // KLAXON_REDIS_WAIT_REPLICAS, 0..16; 0 = no WAIT
+	WaitTimeout    time.Duration // KLAXON_REDIS_WAIT_TIMEOUT, > 0
+	RulesRefresh   time.Duration // KLAXON_RULES_REFRESH, > 0
+	SendTimeout    time.Duration // KLAXON_SEND_TIMEOUT, > 0
+	Pprof          bool          // KLAXON_PPROF: serve /debug/pprof/ on HTTPAddr
 	// What endpoints from rules may reach, in canonical comma-separated
 	// form (kept as strings so that a Config compares with ==); use
 	// EndpointPolicy, SlackPatterns and TelegramHookPatterns.
@@ -404,6 +413,7 @@ func Load(getenv func(string) string) (Config, error) {
 	c.Queue = l.queue()
 	c.RedisURL = l.redisURL()
 	c.MongoURL, c.MongoDatabase = l.mongoURL()
+	c.EventsMongoURL, c.EventsDatabase = l.eventsMongoURL()
 	c.RulesFile = l.lookup(EnvRulesFile, "", false).value
 	c.Prefix = l.prefix()
 	c.HTTPAddr = l.listenAddr(EnvHTTPAddr, defaultHTTPAddr)
@@ -544,6 +554,30 @@ func (l *loader) mongoURL() (string, string) {
 		l.fail(s, err.Error())
 	}
 	return s.value, db
+}
+
+// eventsMongoURL is optional: unset, Klaxon reads no events database.
+func (l *loader) eventsMongoURL() (string, string) {
+	s := l.lookup(EnvEventsMongoURL, aliasEventsMongoURL, false)
+	if !s.set() {
+		return "", ""
+	}
+	db, err := parseMongoURL(s.value)
+	if err != nil {
+		l.fail(s, err.Error())
+	}
+	if !hasDatabase(s.value) {
+		db = defaultEventsDB
+	}
+	return s.value, db
+}
+
+// hasDatabase reports whether a MongoDB URL's path names a database.
+func hasDatabase(raw string) bool {
+	_, rest, _ := strings.Cut(raw, "://")
+	_, path, _ := strings.Cut(rest, "/")
+	path, _, _ = strings.Cut(path, "?")
+	return path != ""
 }
 
 // parseMongoURL checks the parts of a MongoDB connection string Klaxon relies

@@ -115,6 +115,7 @@ func TestLoadAliases(t *testing.T) {
 		{"REGISTRY_URL", "amqp://hawk:pw@rabbit:5672/hawk", func(c Config) string { return c.AMQPURL }},
 		{"REDIS_URL", "redis://redis:6380/2", func(c Config) string { return c.RedisURL }},
 		{"MONGO_ACCOUNTS_DATABASE_URI", "mongodb://mongo:27017/accounts", func(c Config) string { return c.MongoURL }},
+		{"MONGO_EVENTS_DATABASE_URI", "mongodb://mongo:27017/events", func(c Config) string { return c.EventsMongoURL }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.alias, func(t *testing.T) {
@@ -136,6 +137,21 @@ func TestLoadAliases(t *testing.T) {
 		t.Errorf("MongoDatabase = %q, want accounts", c.MongoDatabase)
 	}
 
+	// Hawk's events database is optional; its URL's path names it, and
+	// Hawk's own name for it is the default.
+	for url, want := range map[string]string{"": "", "mongodb://mongo:27017/ev": "ev", "mongodb://mongo:27017": "hawk_events", "mongodb://mongo:27017/?replicaSet=rs0": "hawk_events"} {
+		c, err := Load(env(map[string]string{"KLAXON_EVENTS_MONGO_URL": url}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.EventsDatabase != want || c.EventsMongoURL != url {
+			t.Errorf("KLAXON_EVENTS_MONGO_URL=%q: database %q, want %q", url, c.EventsDatabase, want)
+		}
+	}
+	if _, err := Load(env(map[string]string{"MONGO_EVENTS_DATABASE_URI": "http://mongo"})); err == nil || !strings.Contains(err.Error(), "KLAXON_EVENTS_MONGO_URL") {
+		t.Errorf("an invalid events URL: err = %v, want one naming KLAXON_EVENTS_MONGO_URL", err)
+	}
+
 	var names []string
 	for _, v := range Variables() {
 		if v.Alias != "" {
@@ -143,7 +159,7 @@ func TestLoadAliases(t *testing.T) {
 		}
 	}
 	slices.Sort(names)
-	if want := []string{"MONGO_ACCOUNTS_DATABASE_URI", "REDIS_URL", "REGISTRY_URL"}; !slices.Equal(names, want) {
+	if want := []string{"MONGO_ACCOUNTS_DATABASE_URI", "MONGO_EVENTS_DATABASE_URI", "REDIS_URL", "REGISTRY_URL"}; !slices.Equal(names, want) {
 		t.Errorf("aliases = %v, want %v", names, want)
 	}
 }

@@ -21,6 +21,8 @@ func (c Config) attrs() []slog.Attr {
 		slog.String("redis_url", redactURL(c.RedisURL)),
 		slog.String("mongo_url", redactURL(c.MongoURL)),
 		slog.String("mongo_database", c.MongoDatabase),
+		slog.String("events_mongo_url", redactURL(c.EventsMongoURL)),
+		slog.String("events_database", c.EventsDatabase),
 		slog.String("rules_file", c.RulesFile),
 		slog.String("prefix", c.Prefix),
 		slog.String("http_addr", c.HTTPAddr),

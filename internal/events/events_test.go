@@ -1,0 +1,164 @@
+package events_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/klaxonhq/klaxon/internal/events"
+	"github.com/klaxonhq/klaxon/internal/testenv"
+)
+
+const project = "5e3eef0679fa3700a0198a49"
+
+// HawkDB is a test's events database, written as Hawk writes it.
+type HawkDB struct {
+	URL, Name string
+	DB        *mongo.Database
+}
+
+// NewHawkDB starts (or reuses) FerretDB and gives the test its own events
+// database.
+func NewHawkDB(t *testing.T) *HawkDB {
+	t.Helper()
+	uri := testenv.Mongo(t)
+	u, err := url.Parse(uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := mongo.Connect(options.Client().ApplyURI(uri))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
+	name := strings.TrimPrefix(u.Path, "/")
+	return &HawkDB{URL: uri, Name: name, DB: client.Database(name)}
+}
+
+// Group inserts a group document as Hawk's grouper writes it, with its
+// marks as hawk.api's toggleEventMark sets them (Unix seconds), and one
+// dailyEvents document per day it happened.
+func (h *HawkDB) Group(t *testing.T, groupHash string, total int32, firstSeen int32, days int, marks bson.M) {
+	t.Helper()
+	ctx := context.Background()
+	doc := bson.M{
+		"groupHash": groupHash, "totalCount": total, "catcherType": "errors/javascript",
+		"usersAffected": int32(1), "visitedBy": bson.A{}, "timestamp": firstSeen,
+		"payload": bson.M{
+			"title": "TypeError: x is undefined", "timestamp": firstSeen,
+			"backtrace": bson.A{
+				bson.M{"file": "app/cart.js", "line": int32(42), "column": int32(7),
+					"sourceCode": bson.A{bson.M{"line": int32(42), "content": "x.y()"}}},
+				bson.M{"file": "app/main.js", "line": int32(3)},
+			},
+			"context": `{"a":1}`, "addons": "{}",
+		},
+	}
+	if marks != nil {
+		doc["marks"] = marks
+	}
+	if _, err := h.DB.Collection("events:"+project).InsertOne(ctx, doc); err != nil {
+		t.Fatal(err)
+	}
+	for d := range days {
+		day := int32(firstSeen) + int32(d)*86400
+		if _, err := h.DB.Collection("dailyEvents:"+project).InsertOne(ctx, bson.M{
+			"groupHash": groupHash, "groupingTimestamp": day, "count": int32(3), "lastRepetitionTime": day,
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Mark sets or clears a mark as hawk.api's toggleEventMark does.
+func (h *HawkDB) Mark(t *testing.T, groupHash, mark string, at int32) {
+	t.Helper()
+	update := bson.M{"$set": bson.M{"marks." + mark: at}}
+	if at == 0 {
+		update = bson.M{"$unset": bson.M{"marks." + mark: ""}}
+	}
+	if _, err := h.DB.Collection("events:"+project).UpdateOne(context.Background(), bson.M{"groupHash": groupHash}, update); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestGroupReadsHawksDocuments(t *testing.T) {
+	h := NewHawkDB(t)
+	h.Group(t, "g1", 1234, 1700000000, 3, bson.M{"resolved": int32(1700500000)})
+	h.Group(t, "g2", 5, 1700000000, 1, bson.M{"ignored": int32(1700500000), "starred": int32(1700500001)})
+	r, err := events.NewReader(h.URL, h.Name, events.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close(context.Background()) })
+
+	g, err := r.Group(context.Background(), project, "g1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := events.Group{TotalCount: 1234, FirstSeen: time.Unix(1700000000, 0).UTC(), DaysRepeated: 3,
+		TopFrame: "app/cart.js:42", Resolved: 1700500000}
+	if g != want {
+		t.Errorf("g1 = %+v\nwant %+v", g, want)
+	}
+	if g, err := r.Group(context.Background(), project, "g2"); err != nil || !g.Ignored || g.Resolved != 0 {
+		t.Errorf("g2 = %+v, %v; want ignored, not resolved", g, err)
+	}
+	if _, err := r.Group(context.Background(), project, "unknown"); !errors.Is(err, events.ErrNotFound) {
+		t.Errorf("unknown group: err = %v, want ErrNotFound", err)
+	}
+}
+
+// Marks are cached for TTL only: a resolution made in the tracker is seen
+// by the next lookup after it, not before.
+func TestGroupCachesForTTL(t *testing.T) {
+	h := NewHawkDB(t)
+	h.Group(t, "g1", 1, 1700000000, 1, nil)
+	now := time.Unix(1800000000, 0)
+	r, err := events.NewReader(h.URL, h.Name, events.Options{TTL: 5 * time.Second, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close(context.Background()) })
+	ctx := context.Background()
+	if g, _ := r.Group(ctx, project, "g1"); g.Resolved != 0 {
+		t.Fatalf("resolved before the mark: %+v", g)
+	}
+	h.Mark(t, "g1", "resolved", 1700600000)
+	if g, _ := r.Group(ctx, project, "g1"); g.Resolved != 0 {
+		t.Errorf("within the TTL the cached answer is expected, got %+v", g)
+	}
+	now = now.Add(5 * time.Second)
+	if g, _ := r.Group(ctx, project, "g1"); g.Resolved != 1700600000 {
+		t.Errorf("after the TTL: %+v, want resolved at 1700600000", g)
+	}
+}
+
+// A database that does not answer costs one timeout, then the failure is
+// remembered: the evaluator is not held up event after event.
+func TestUnreachableDatabaseFailsFastAndIsRemembered(t *testing.T) {
+	// 192.0.2.1 (TEST-NET-1) is never routed: every connection attempt hangs.
+	r, err := events.NewReader("mongodb://192.0.2.1:27017/?connectTimeoutMS=10000&serverSelectionTimeoutMS=10000", "hawk_events",
+		events.Options{Timeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close(context.Background()) })
+	start := time.Now()
+	if _, err := r.Group(context.Background(), project, "g1"); err == nil {
+		t.Fatal("lookup in an unreachable database succeeded")
+	}
+	if _, err := r.Group(context.Background(), project, "g1"); err == nil {
+		t.Fatal("second lookup succeeded")
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("two lookups took %s; want about one 50ms timeout", d)
+	}
+}
