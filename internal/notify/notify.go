@@ -12,14 +12,18 @@ import (
 const (
 	TypeNew       = "new"
 	TypeThreshold = "threshold"
+	// TypeRegressed is an ONLY_NEW rule firing for a group the tracker
+	// had marked resolved (docs/contract.md §4.6).
+	TypeRegressed = "regressed"
 	TypeDigest    = "digest"
 )
 
 // BodyVersion is the "version" of webhook bodies. Version 2 added
 // projectName, ruleDescription and event.url to version 1 (bodies without
-// "version"); versions only add fields, so a receiver of an older one
-// keeps working.
-const BodyVersion = "2"
+// "version"); version 3 added "history", "resolvedAt" and the type
+// "regressed". Versions only add fields, so a receiver of an older one
+// keeps working (one that switches on "type" should expect new values).
+const BodyVersion = "3"
 
 // Notification is one firing of a rule for a group of events. Its JSON form
 // is the webhook body of docs/contract.md §5.1.
@@ -45,6 +49,21 @@ type Notification struct {
 	CountBy   string         `json:"countBy,omitempty"` // "events" or "users"
 	FiredAt   time.Time      `json:"firedAt"`
 	Windows   []WindowStatus `json:"windows"`
+	// History is what Hawk's events database says of the group when the
+	// rule fired; nil when it is not configured or did not answer in time.
+	History *History `json:"history,omitempty"`
+	// ResolvedAt is when the group had been marked resolved, for a
+	// TypeRegressed notification; zero (absent) otherwise.
+	ResolvedAt time.Time `json:"resolvedAt,omitzero"`
+}
+
+// History is a group's past as the tracker knows it, as Hawk's own
+// messages show it.
+type History struct {
+	TotalCount   int64     `json:"totalCount"`         // events of the group so far
+	FirstSeen    time.Time `json:"firstSeen,omitzero"` // absent when unknown
+	DaysRepeated int64     `json:"daysRepeated"`       // days on which it happened
+	TopFrame     string    `json:"topFrame"`           // "file:line" of the top backtrace frame, "" when none
 }
 
 // Event is what a notification says about the event that fired it.

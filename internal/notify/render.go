@@ -195,7 +195,7 @@ func renderItem(n Notification) Item {
 	if it.Title == "" {
 		it.Title = "(untitled event)"
 	}
-	if n.Type != TypeNew {
+	if n.Type == TypeThreshold {
 		noun := countNoun(n)
 		fired := false
 		for _, w := range n.Windows {
@@ -209,6 +209,20 @@ func renderItem(n Notification) Item {
 				line += ", resets at " + rfc3339(w.ResetAt)
 			}
 			it.Details = append(it.Details, line)
+		}
+	}
+	if h := n.History; h != nil {
+		line := fmt.Sprintf("Seen %s in total", plural(h.TotalCount, "time"))
+		if !h.FirstSeen.IsZero() {
+			line += ", first at " + rfc3339(h.FirstSeen)
+		}
+		if h.DaysRepeated > 0 {
+			line += ", on " + plural(h.DaysRepeated, "day")
+		}
+		it.Details = append(it.Details, line)
+		if h.TopFrame != "" {
+			// The frame comes from the event, as the title.
+			it.Details = append(it.Details, "Top frame: "+Truncate(OneLine(h.TopFrame), maxRuleText))
 		}
 	}
 	if n.RuleDescription != "" {
@@ -226,8 +240,15 @@ func renderItem(n Notification) Item {
 
 // summary says what fired: "150 events in the last 1 minute (threshold 100)".
 func summary(n Notification) string {
-	if n.Type == TypeNew {
+	switch n.Type {
+	case TypeNew:
 		return "New event, seen for the first time"
+	case TypeRegressed:
+		s := "Regression: seen again after it was resolved"
+		if !n.ResolvedAt.IsZero() {
+			s += " at " + rfc3339(n.ResolvedAt)
+		}
+		return s
 	}
 	return fmt.Sprintf("%s (threshold %d)", ShortSummary(n), n.Threshold)
 }
@@ -235,8 +256,11 @@ func summary(n Notification) string {
 // ShortSummary says what fired in a few words, as a subject line does:
 // "150 events in the last 1 minute", "new event".
 func ShortSummary(n Notification) string {
-	if n.Type == TypeNew {
+	switch n.Type {
+	case TypeNew:
 		return "new event"
+	case TypeRegressed:
+		return "regressed after it was resolved"
 	}
 	s := fmt.Sprintf("%d %s", n.Count, countNoun(n))
 	if n.Period > 0 {

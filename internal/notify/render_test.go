@@ -254,3 +254,32 @@ func TestRenderProjectRuleAndLink(t *testing.T) {
 		t.Errorf("plain message:\n%s", text)
 	}
 }
+
+// With Hawk's events database, a message says what Hawk's own say: how
+// often and since when the group happens, on how many days, and where.
+// Without it, no line hints at a lookup.
+func TestRenderShowsHistoryAndRegression(t *testing.T) {
+	n := thresholdNotification()
+	n.Type, n.Count, n.Threshold, n.Period, n.Windows = notify.TypeRegressed, 1, 0, 0, nil
+	n.ResolvedAt = firedAt.Add(-time.Hour)
+	n.History = &notify.History{TotalCount: 1234, FirstSeen: firedAt.Add(-72 * time.Hour), DaysRepeated: 3, TopFrame: "app/cart.js:42\n"}
+	v := notify.Render(&notify.Message{ID: n.ID, Notifications: []notify.Notification{n}})
+	text := v.Text()
+	for _, want := range []string{
+		"Regression: seen again after it was resolved at 2025-01-02T02:04:05Z",
+		"Seen 1234 times in total, first at 2024-12-30T03:04:05Z, on 3 days",
+		"Top frame: app/cart.js:42",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("text lacks %q:\n%s", want, text)
+		}
+	}
+	if !strings.Contains(v.Subject, "regressed after it was resolved") {
+		t.Errorf("subject %q does not say it regressed", v.Subject)
+	}
+
+	plain := notify.Render(&notify.Message{ID: "n-1", Notifications: []notify.Notification{thresholdNotification()}}).Text()
+	if strings.Contains(plain, "Seen ") || strings.Contains(plain, "Top frame") {
+		t.Errorf("a notification without history shows history lines:\n%s", plain)
+	}
+}

@@ -65,7 +65,7 @@ func TestThresholdBody(t *testing.T) {
 		}
 	}
 	want := map[string]any{
-		"version": "2", "id": "n-1", "type": "threshold", "projectId": n.ProjectID, "ruleId": n.RuleID,
+		"version": "3", "id": "n-1", "type": "threshold", "projectId": n.ProjectID, "ruleId": n.RuleID,
 		"projectName": "", "ruleDescription": "",
 		"count": 150.0, "threshold": 100.0, "period": 60000.0,
 	}
@@ -136,8 +136,8 @@ func TestDigestBody(t *testing.T) {
 	if d.Omitted != 42 {
 		t.Errorf("digest omitted = %d, want the 42 firings the deliverer left out", d.Omitted)
 	}
-	if d.Version != "2" || d.ProjectName != "Shop" || strings.Count(string(r.Body), `"version"`) != 1 {
-		t.Errorf("digest %s: want version 2 once, at the top, and the project's name", r.Body)
+	if d.Version != notify.BodyVersion || d.ProjectName != "Shop" || strings.Count(string(r.Body), `"version"`) != 1 {
+		t.Errorf("digest %s: want the body version once, at the top, and the project's name", r.Body)
 	}
 	if d.Type != "digest" || d.ID != "d-1" || d.ProjectID != ns[0].ProjectID || d.RuleID != ns[0].RuleID || !slices.Equal(ids, []string{"n-1", "n-2", "n-3"}) {
 		t.Errorf("digest = %+v", d)
