@@ -38,6 +38,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/deliverer"
 	"github.com/klaxonhq/klaxon/internal/evaluator"
+	"github.com/klaxonhq/klaxon/internal/events"
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/notify/channels"
@@ -125,6 +126,17 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			EventURL:      cfg.EventURL,
 			Log:           log.With("stage", "evaluator"),
 			Metrics:       m,
+		}
+		if cfg.EventsMongoURL != "" {
+			// Optional: the driver connects lazily, and every read is
+			// bounded and cached, so an events database that is down at
+			// start or later costs messages their history, nothing more.
+			groups, err := events.NewReader(cfg.EventsMongoURL, cfg.EventsDatabase, events.Options{})
+			if err != nil {
+				return fmt.Errorf("%s: %w", config.EnvEventsMongoURL, err)
+			}
+			defer groups.Close(context.Background())
+			eval.Groups = groups
 		}
 		c, err := queue.NewConsumer(queue.ConsumerConfig{
 			URL: cfg.AMQPURL, Queue: cfg.Queue, ConnectionName: "klaxon-evaluator",

@@ -12,12 +12,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/deliverer"
 	"github.com/klaxonhq/klaxon/internal/event"
+	"github.com/klaxonhq/klaxon/internal/events"
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
@@ -52,11 +55,22 @@ type Publisher interface {
 	Publish(ctx context.Context, msgs ...queue.Message) error
 }
 
+// Groups says what Hawk's events database knows of an event group
+// (events.Reader: cached, each read bounded). An error means "unknown":
+// the event is handled as if the database were not configured.
+type Groups interface {
+	Group(ctx context.Context, projectID, groupHash string) (events.Group, error)
+}
+
 // Evaluator handles batches of incoming events.
 type Evaluator struct {
 	Rules     Rules
 	Counter   Counter
 	Publisher Publisher
+	// Groups, when set, gives messages the group's history, fires
+	// ONLY_NEW rules again for a group that comes back after it was
+	// resolved, and silences groups marked ignored (contract §4.6).
+	Groups Groups
 	// DeadQueue receives messages that cannot be used (<queue>.dead).
 	DeadQueue string
 	// DeliveryQueue receives one job per firing and channel.
@@ -86,6 +100,7 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 		// for the next event never writes into an earlier one's.
 		matched []*rules.Rule
 		tally   tally
+		pending = make([]pendingEvent, 0, len(b.Deliveries))
 	)
 	for i := range b.Deliveries {
 		d := &b.Deliveries[i]
@@ -103,11 +118,26 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 			tally[outNoRules]++
 			continue
 		}
+		pending = append(pending, pendingEvent{d: d, m: m, matcher: matcher})
+	}
+
+	groups := e.lookupGroups(ctx, pending)
+	var regs regressions
+	for i := range pending {
+		d, m, matcher := pending[i].d, pending[i].m, pending[i].matcher
+		g, known := groups[groupKey{m.ProjectID, m.Event.GroupHash}]
+		if known && g.Ignored {
+			tally[outUnmatched]++ // people asked not to hear of it
+			continue
+		}
 		// One pass over the title for all of the project's words: a
 		// project's filters cannot make its events cost more than their
 		// titles' length (issue 11).
 		first := len(matched)
 		matched = matcher.Match(m.Event.Title, m.Event.IsNew, matched)
+		if known && g.Resolved != 0 && !m.Event.IsNew {
+			matched = regs.add(matcher, m.Event.Title, g.Resolved, matched)
+		}
 		if len(matched) == first {
 			tally[outUnmatched]++
 			continue
@@ -137,7 +167,7 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 			return fmt.Errorf("count %d events: %w", len(events), err)
 		}
 		for i, res := range results {
-			jobs, err := e.jobs(&events[i], &msgs[i], res)
+			jobs, err := e.jobs(&events[i], &msgs[i], res, groups, &regs)
 			if err != nil {
 				return err
 			}
@@ -149,8 +179,121 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 			return fmt.Errorf("publish %d dead letters and delivery jobs: %w", len(out), err)
 		}
 	}
-	e.record(tally, events, results)
+	e.record(tally, events, results, &regs)
 	return nil
+}
+
+// pendingEvent is a decoded event of a project with rules, before matching.
+type pendingEvent struct {
+	d       *queue.Delivery
+	m       event.Message
+	matcher *rules.Matcher
+}
+
+type groupKey struct{ project, group string }
+
+// lookupConcurrency bounds the reads of Hawk's events database one batch
+// has in flight; each is bounded in time by the reader.
+const lookupConcurrency = 16
+
+// lookupGroups reads the batch's groups, each once, concurrently: what the
+// database does not answer in time is absent, and the events go on
+// without it.
+func (e *Evaluator) lookupGroups(ctx context.Context, pending []pendingEvent) map[groupKey]events.Group {
+	if e.Groups == nil || len(pending) == 0 {
+		return nil
+	}
+	seen := make(map[groupKey]bool)
+	var (
+		mu  sync.Mutex
+		wg  sync.WaitGroup
+		out = make(map[groupKey]events.Group)
+		sem = make(chan struct{}, lookupConcurrency)
+	)
+	for i := range pending {
+		k := groupKey{pending[i].m.ProjectID, pending[i].m.Event.GroupHash}
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			g, err := e.Groups.Group(ctx, k.project, k.group)
+			if err != nil {
+				if !errors.Is(err, events.ErrNotFound) {
+					e.Log.Debug("events database lookup failed; going on without it", "project", k.project, "group", k.group, "error", err)
+				}
+				return
+			}
+			mu.Lock()
+			out[k] = g
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// regressionCooldown keeps a resolution's rule quiet for a group after it
+// fired: far longer than ONLY_NEW's day, so that a group left marked
+// resolved while it keeps happening is told about once, not daily.
+const regressionCooldown = 30 * 24 * time.Hour
+
+// regression is what a derived rule stands for: the rule, and the
+// resolution (the mark's Unix seconds) it fires once for.
+type regression struct {
+	rule     *rules.Rule
+	resolved int64
+}
+
+// regressions maps the batch's derived rules to what they stand for. A
+// derived rule is the ONLY_NEW rule under the ID "<rule>~resolved-<mark>":
+// the counter keeps its state apart from the rule's own, so its
+// once-per-cooldown firing is once per resolution, and a new resolution
+// (a new mark) starts afresh.
+type regressions struct {
+	of      map[*rules.Rule]regression
+	derived map[string]*rules.Rule // by derived ID
+}
+
+func (regs *regressions) lookup(r *rules.Rule) (regression, bool) {
+	reg, ok := regs.of[r]
+	return reg, ok
+}
+
+// add appends to dst the derived rules of the ONLY_NEW rules that a new
+// event with this title would match.
+func (regs *regressions) add(m *rules.Matcher, title string, resolved int64, dst []*rules.Rule) []*rules.Rule {
+	for _, r := range m.Match(title, true, nil) {
+		if !r.OnlyNew {
+			continue
+		}
+		id := r.ID + "~resolved-" + strconv.FormatInt(resolved, 10)
+		derived := regs.derived[id]
+		if derived == nil {
+			if regs.of == nil {
+				regs.of, regs.derived = make(map[*rules.Rule]regression), make(map[string]*rules.Rule)
+			}
+			c := *r
+			c.ID, c.Cooldown = id, regressionCooldown
+			derived = &c
+			regs.of[derived], regs.derived[id] = regression{rule: r, resolved: resolved}, derived
+		}
+		dst = append(dst, derived)
+	}
+	return dst
+}
+
+// kind is a firing's notification type.
+func kind(o *counter.Outcome, regs *regressions) string {
+	switch _, regressed := regs.lookup(o.Rule); {
+	case regressed:
+		return notify.TypeRegressed
+	case o.Rule.OnlyNew:
+		return notify.TypeNew
+	}
+	return notify.TypeThreshold
 }
 
 // Outcomes of incoming events: the values of klaxon_events_total's label.
@@ -182,7 +325,7 @@ func outcomeName(o int) string {
 
 // record counts a finished batch in the metrics and logs its firings; a
 // batch that failed and comes again is thus counted once.
-func (e *Evaluator) record(tally tally, events []counter.Event, results []counter.Result) {
+func (e *Evaluator) record(tally tally, events []counter.Event, results []counter.Result, regs *regressions) {
 	evaluated := 0
 	for i, res := range results {
 		ev := &events[i]
@@ -200,10 +343,7 @@ func (e *Evaluator) record(tally tally, events []counter.Event, results []counte
 			if !o.Fired {
 				continue
 			}
-			kind := notify.TypeThreshold
-			if o.Rule.OnlyNew {
-				kind = notify.TypeNew
-			}
+			kind := kind(o, regs)
 			if !o.Replayed {
 				e.Metrics.Firings.WithLabelValues(kind).Inc()
 			}
@@ -225,7 +365,11 @@ func (e *Evaluator) record(tally tally, events []counter.Event, results []counte
 // jobs turns the firings of one event into delivery jobs, one per channel.
 // A replayed firing (a redelivered message) gets the same jobs again; the
 // deliverer sends each firing once.
-func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result) ([]queue.Message, error) {
+//
+// With Hawk's events database, a firing carries the group's history as the
+// batch read it; a firing of a derived rule is the regression of its rule,
+// sent as that rule's (its id, channels and digests).
+func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result, groups map[groupKey]events.Group, regs *regressions) ([]queue.Message, error) {
 	var jobs []queue.Message
 	for k := range res.Outcomes {
 		o := &res.Outcomes[k]
@@ -234,10 +378,19 @@ func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result
 		}
 		n := Notification(ev, m, o)
 		n.Event.URL = EventURL(e.EventURL, ev.ProjectID, ev.GroupHash)
-		for _, c := range o.Rule.Channels {
+		rule := o.Rule
+		if reg, ok := regs.lookup(o.Rule); ok {
+			rule = reg.rule
+			n.Type, n.RuleID = notify.TypeRegressed, rule.ID
+			n.ResolvedAt = time.Unix(reg.resolved, 0).UTC()
+		}
+		if g, ok := groups[groupKey{ev.ProjectID, ev.GroupHash}]; ok {
+			n.History = &notify.History{TotalCount: g.TotalCount, FirstSeen: g.FirstSeen, DaysRepeated: g.DaysRepeated, TopFrame: g.TopFrame}
+		}
+		for _, c := range rule.Channels {
 			job := deliverer.Job{
 				Channel: c.Name, Endpoint: c.Endpoint, MinPeriod: c.MinPeriod.Milliseconds(),
-				ProjectID: ev.ProjectID, RuleID: o.Rule.ID, Notification: &n,
+				ProjectID: ev.ProjectID, RuleID: rule.ID, Notification: &n,
 			}
 			body, err := json.Marshal(job)
 			if err != nil {
