@@ -234,3 +234,39 @@ type failingGroups struct{}
 func (failingGroups) Group(context.Context, string, string) (events.Group, error) {
 	return events.Group{}, fmt.Errorf("connection refused")
 }
+
+// What reading Hawk's events database adds to a batch on the hot path: a
+// batch of 1000 events over 100 groups, all cached (the steady state of
+// cmd/bench's workloads), against no events database at all.
+func BenchmarkHandleWithEventsDB(b *testing.B) {
+	snap := compile(b, map[string][]rules.Spec{project: {
+		{ID: "new", IsEnabled: true, WhatToReceive: rules.OnlyNew, Channels: webhook()},
+		{ID: "storm", IsEnabled: true, WhatToReceive: rules.SeenMore, Threshold: 1000, ThresholdPeriod: 60_000, Channels: webhook()},
+	}})
+	batch := &queue.Batch{ID: 1}
+	for i := range 1000 {
+		batch.Deliveries = append(batch.Deliveries, delivery(hawk(project, "TypeError: x", fmt.Sprintf("g%d", i%100), false), fmt.Sprintf("m%d", i)))
+	}
+	for _, withDB := range []bool{false, true} {
+		b.Run(fmt.Sprintf("eventsDB=%t", withDB), func(b *testing.B) {
+			ev, _ := newEvaluator(snap, &fakeCounter{}, &fakePublisher{})
+			if withDB {
+				ev.Groups = cachedGroups{}
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := ev.Handle(context.Background(), batch); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(batch.Deliveries)), "ns/event")
+		})
+	}
+}
+
+// cachedGroups answers as a warm events.Reader does, without a database.
+type cachedGroups struct{}
+
+func (cachedGroups) Group(context.Context, string, string) (events.Group, error) {
+	return events.Group{TotalCount: 10, Resolved: 1700500000}, nil
+}

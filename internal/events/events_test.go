@@ -162,3 +162,49 @@ func TestUnreachableDatabaseFailsFastAndIsRemembered(t *testing.T) {
 		t.Errorf("two lookups took %s; want about one 50ms timeout", d)
 	}
 }
+
+// What a lookup costs on the evaluator's path: a cache hit (every event
+// after its group's first in 5 s) and a miss (a FerretDB round trip: the
+// group document and its days).
+func BenchmarkGroup(b *testing.B) {
+	uri := testenv.Mongo(b)
+	u, _ := url.Parse(uri)
+	name := strings.TrimPrefix(u.Path, "/")
+	client, err := mongo.Connect(options.Client().ApplyURI(uri))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer client.Disconnect(context.Background())
+	db := client.Database(name)
+	if _, err := db.Collection("events:"+project).InsertOne(context.Background(), bson.M{
+		"groupHash": "g1", "totalCount": int32(10), "timestamp": int32(1700000000),
+		"payload": bson.M{"title": "T", "backtrace": bson.A{bson.M{"file": "a.js", "line": int32(1)}}},
+		"marks": bson.M{"resolved": int32(1700500000)},
+	}); err != nil {
+		b.Fatal(err)
+	}
+	for _, bc := range []struct {
+		name string
+		ttl  time.Duration
+	}{{"hit", time.Hour}, {"miss", time.Nanosecond}} {
+		b.Run(bc.name, func(b *testing.B) {
+			r, err := events.NewReader(uri, name, events.Options{TTL: bc.ttl, Timeout: 5 * time.Second})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer r.Close(context.Background())
+			if _, err := r.Group(context.Background(), project, "g1"); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := r.Group(context.Background(), project, "g1"); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
