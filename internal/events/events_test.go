@@ -179,7 +179,7 @@ func BenchmarkGroup(b *testing.B) {
 	if _, err := db.Collection("events:"+project).InsertOne(context.Background(), bson.M{
 		"groupHash": "g1", "totalCount": int32(10), "timestamp": int32(1700000000),
 		"payload": bson.M{"title": "T", "backtrace": bson.A{bson.M{"file": "a.js", "line": int32(1)}}},
-		"marks": bson.M{"resolved": int32(1700500000)},
+		"marks":   bson.M{"resolved": int32(1700500000)},
 	}); err != nil {
 		b.Fatal(err)
 	}
