@@ -656,7 +656,7 @@ func TestPermanentFailuresGoToFailedQueue(t *testing.T) {
 // Five firings within a channel's minPeriod of 2 s: the first is sent at
 // once, the other four in one digest when the period ends.
 func TestMinPeriodDigest(t *testing.T) {
-	t.Parallel()
+	// Not parallel: the gap between two messages is measured.
 	h := newHarness(t)
 	project := h.project(rule(bson.M{"whatToReceive": "ONLY_NEW", "channels": bson.M{
 		"webhook": bson.M{"isEnabled": true, "endpoint": h.webhook.URL, "minPeriod": 2},
