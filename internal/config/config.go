@@ -269,9 +269,6 @@ func (c Config) EmailEnabled() bool { return c.SMTPAddr != "" }
 // TelegramEnabled reports whether the Telegram channel is configured.
 func (c Config) TelegramEnabled() bool { return c.TelegramToken != "" }
 
-// DeadQueue is the queue that receives malformed incoming messages.
-func (c Config) DeadQueue() string { return c.Queue + ".dead" }
-
 // Role is which stages a process runs.
 type Role string
 

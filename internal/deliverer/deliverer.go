@@ -28,6 +28,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
 //go:embed throttle.lua
@@ -38,9 +39,6 @@ var flushLua string
 
 //go:embed drop.lua
 var dropLua string
-
-// ErrorHeader says why a notification landed in the failed queue.
-const ErrorHeader = "x-klaxon-error"
 
 // Publisher publishes messages and returns once the broker confirmed them.
 type Publisher interface {
@@ -71,12 +69,8 @@ type Declarer interface {
 	DeclareDelay(ctx context.Context, name, target string, ttl time.Duration) error
 }
 
-// delays is the retry ladder: one queue per delay, since a queue has one TTL.
-var delays = []time.Duration{
-	100 * time.Millisecond, 250 * time.Millisecond, 500 * time.Millisecond,
-	time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second,
-	32 * time.Second, 64 * time.Second, 128 * time.Second, 256 * time.Second, 512 * time.Second,
-}
+// delays is the retry ladder (wire.RetryDelays).
+var delays = wire.RetryDelays()
 
 // Config configures a Deliverer. Zero values take the defaults shown.
 type Config struct {
@@ -172,10 +166,10 @@ func New(cfg Config, channels map[string]notify.Channel, rdb redis.UniversalClie
 		cfg.Prefix = "klaxon"
 	}
 	if cfg.Queue == "" {
-		cfg.Queue = cfg.Prefix + ".deliveries"
+		cfg.Queue = wire.DeliveryQueue(cfg.Prefix)
 	}
 	if cfg.FailedQueue == "" {
-		cfg.FailedQueue = cfg.Prefix + ".failed"
+		cfg.FailedQueue = wire.FailedQueue(cfg.Prefix)
 	}
 	if cfg.MaxAttempts <= 0 {
 		cfg.MaxAttempts = 12
@@ -233,7 +227,7 @@ func (d *Deliverer) Declare(ctx context.Context, q Declarer) error {
 }
 
 func (d *Deliverer) delayQueue(delay time.Duration) string {
-	return d.cfg.Prefix + ".retry." + delay.String()
+	return wire.RetryQueue(d.cfg.Prefix, delay)
 }
 
 // Handle delivers a batch of jobs concurrently; returning nil acks them. An
@@ -243,12 +237,12 @@ func (d *Deliverer) Handle(ctx context.Context, b *queue.Batch) error {
 	errs := make([]error, len(b.Deliveries))
 	var wg sync.WaitGroup
 	for i, dl := range b.Deliveries {
-		job, err := DecodeJob(dl.Body)
+		job, err := wire.DecodeJob(dl.Body)
 		if err != nil {
 			// Nothing to retry in a job that does not parse: keep it for a human.
 			d.log.Error("unusable delivery job", "message_id", dl.MessageID, "error", err)
 			m := dl.Message(d.cfg.FailedQueue)
-			m.Headers[ErrorHeader] = err.Error()
+			m.Headers[wire.ErrorHeader] = err.Error()
 			errs[i] = d.pub.Publish(ctx, m)
 			continue
 		}
@@ -353,7 +347,7 @@ func (d *Deliverer) replicated(ctx context.Context, write func(redis.Cmdable) er
 }
 
 // deliver sends one firing on one channel, once.
-func (d *Deliverer) deliver(ctx context.Context, job *Job, token string) error {
+func (d *Deliverer) deliver(ctx context.Context, job *wire.Job, token string) error {
 	n := job.Notification
 	key := d.claimKey(job.Key())
 	if ok, err := d.settled(ctx, key, nil); ok {
@@ -399,7 +393,7 @@ func (d *Deliverer) deliver(ctx context.Context, job *Job, token string) error {
 // gather passes a job through its channel's minPeriod: gathered false
 // means send it now, true that it waits for the digest, whose flush it
 // scheduled if needed; omitted that the digest was full and only counts it.
-func (d *Deliverer) gather(ctx context.Context, job *Job) (gathered, omitted bool, err error) {
+func (d *Deliverer) gather(ctx context.Context, job *wire.Job) (gathered, omitted bool, err error) {
 	body, err := json.Marshal(job)
 	if err != nil {
 		return false, false, fmt.Errorf("encode job: %w", err)
@@ -425,20 +419,20 @@ func (d *Deliverer) gather(ctx context.Context, job *Job) (gathered, omitted boo
 }
 
 // flushJob is the job flushing the digest of job's rule and channel.
-func flushJob(job *Job) *Job {
-	return &Job{Channel: job.Channel, Endpoint: job.Endpoint, MinPeriod: job.MinPeriod, ProjectID: job.ProjectID, RuleID: job.RuleID}
+func flushJob(job *wire.Job) *wire.Job {
+	return &wire.Job{Channel: job.Channel, Endpoint: job.Endpoint, MinPeriod: job.MinPeriod, ProjectID: job.ProjectID, RuleID: job.RuleID}
 }
 
 // digestKeys are the keys of a (rule, channel)'s minPeriod: its state, the
 // notifications pending, the digest being sent, and the ids gathered. They
 // share a hash tag.
-func (d *Deliverer) digestKeys(job *Job) []string {
+func (d *Deliverer) digestKeys(job *wire.Job) []string {
 	base := d.cfg.Prefix + ":{mp:" + job.ProjectID + ":" + job.RuleID + ":" + job.Channel + "}"
 	return []string{base, base + ":pending", base + ":inflight", base + ":gathered"}
 }
 
 // deliverDigest sends what a (rule, channel) gathered during its minPeriod.
-func (d *Deliverer) deliverDigest(ctx context.Context, job *Job, token string) error {
+func (d *Deliverer) deliverDigest(ctx context.Context, job *wire.Job, token string) error {
 	for {
 		again, err := d.deliverDigestOnce(ctx, job, token)
 		if err != nil || !again {
@@ -453,7 +447,7 @@ func (d *Deliverer) deliverDigest(ctx context.Context, job *Job, token string) e
 
 // deliverDigestOnce sends the digest in flight, or takes what is pending as
 // one. again reports that it settled a digest it did not take itself.
-func (d *Deliverer) deliverDigestOnce(ctx context.Context, job *Job, token string) (again bool, err error) {
+func (d *Deliverer) deliverDigestOnce(ctx context.Context, job *wire.Job, token string) (again bool, err error) {
 	keys := d.digestKeys(job)
 	r, err := d.flush.Run(ctx, d.rdb, keys[:3], job.MinPeriod).Slice()
 	if err != nil {
@@ -487,7 +481,7 @@ func (d *Deliverer) deliverDigestOnce(ctx context.Context, job *Job, token strin
 		if f, _ := r[i-1].(string); strings.HasPrefix(f, "#") {
 			continue // the digest's own fields, not a firing
 		}
-		var pending Job
+		var pending wire.Job
 		if err := json.Unmarshal([]byte(r[i].(string)), &pending); err != nil || pending.Notification == nil {
 			d.log.Error("unusable job in a digest: dropped from it", "rule", job.RuleID, "channel", job.Channel, "error", err)
 			continue
@@ -545,7 +539,7 @@ func cmpTimeThenID(a, b notify.Notification) int {
 // count of those it left out: the notification itself when there is one
 // alone, else a digest with an id derived from its contents, so a resend
 // carries the same id.
-func digestMessage(job *Job, ns []notify.Notification, omitted int64) *notify.Message {
+func digestMessage(job *wire.Job, ns []notify.Notification, omitted int64) *notify.Message {
 	m := &notify.Message{ProjectID: job.ProjectID, RuleID: job.RuleID, Notifications: ns, Omitted: omitted}
 	if len(ns) == 1 && omitted == 0 {
 		m.ID = ns[0].ID
@@ -565,7 +559,7 @@ func digestMessage(job *Job, ns []notify.Notification, omitted int64) *notify.Me
 // send tries the channel once and settles the job: recorded as sent,
 // scheduled for a retry (after release drops the claim), or recorded as
 // failed. cleanup, if any, runs once the message is settled.
-func (d *Deliverer) send(ctx context.Context, job *Job, key string, msg *notify.Message, release, cleanup func(context.Context) error) error {
+func (d *Deliverer) send(ctx context.Context, job *wire.Job, key string, msg *notify.Message, release, cleanup func(context.Context) error) error {
 	// ctx ends when the broker channel that delivered the job dies, not
 	// only when the worker stops. A send the provider may already have
 	// taken must not be cut off then, nor its outcome go unrecorded: the
@@ -643,7 +637,7 @@ func (d *Deliverer) send(ctx context.Context, job *Job, key string, msg *notify.
 		failed.Notification = nil
 	}
 	body, jerr := json.Marshal(struct {
-		Job
+		wire.Job
 		Notifications []notify.Notification `json:"notifications,omitempty"`
 	}{failed, msg.Notifications})
 	if jerr != nil {
@@ -651,7 +645,7 @@ func (d *Deliverer) send(ctx context.Context, job *Job, key string, msg *notify.
 	}
 	if err := d.pub.Publish(ctx, queue.Message{
 		RoutingKey: d.cfg.FailedQueue, Body: body, MessageID: msg.ID + ":" + job.Channel,
-		ContentType: "application/json", Headers: amqp.Table{ErrorHeader: err.Error()},
+		ContentType: "application/json", Headers: amqp.Table{wire.ErrorHeader: err.Error()},
 	}); err != nil {
 		return fmt.Errorf("record failed notification: %w", err)
 	}
@@ -725,7 +719,7 @@ func runCleanup(ctx context.Context, f func(context.Context) error) error {
 // flush that must not come early, and is re-checked on arrival), or the
 // shortest at or over it, expiring at delay, when atLeast is true (a retry
 // that must not come too soon, a turn reserved at the provider's pace).
-func (d *Deliverer) schedule(ctx context.Context, job *Job, delay time.Duration, atLeast bool) error {
+func (d *Deliverer) schedule(ctx context.Context, job *wire.Job, delay time.Duration, atLeast bool) error {
 	body, err := json.Marshal(job)
 	if err != nil {
 		return fmt.Errorf("encode job: %w", err)

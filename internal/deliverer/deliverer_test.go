@@ -30,6 +30,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/notify/webhook"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/testenv"
+	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
 // recorder is a provider that accepts everything and notes when.
@@ -102,7 +103,7 @@ func startDelivererWith(t *testing.T, cfg Config, channels map[string]notify.Cha
 
 func job(t *testing.T, id string) queue.Message {
 	t.Helper()
-	body, err := json.Marshal(Job{
+	body, err := json.Marshal(wire.Job{
 		Channel: "slack", Endpoint: "https://hooks.example/T1", ProjectID: "p", RuleID: "r",
 		Notification: &notify.Notification{ID: id, Type: notify.TypeNew, FiredAt: time.Now()},
 	})
@@ -179,7 +180,7 @@ func TestPickDelay(t *testing.T) {
 }
 
 func TestDigestIDFollowsContent(t *testing.T) {
-	j := &Job{ProjectID: "p", RuleID: "r"}
+	j := &wire.Job{ProjectID: "p", RuleID: "r"}
 	a := digestMessage(j, []notify.Notification{{ID: "x"}, {ID: "y"}}, 0)
 	b := digestMessage(j, []notify.Notification{{ID: "x"}, {ID: "y"}}, 0)
 	c := digestMessage(j, []notify.Notification{{ID: "x"}, {ID: "z"}}, 0)
@@ -215,7 +216,7 @@ func TestShortRetryAfterKeepsTheBackoff(t *testing.T) {
 	// No pacing, so that only the retry delay spaces the tries.
 	pub, d := startDeliverer(t, Config{Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"webhook": ch})
 	q := d.Queue()
-	body, err := json.Marshal(Job{
+	body, err := json.Marshal(wire.Job{
 		Channel: "webhook", Endpoint: "https://hooks.example/T1", ProjectID: "p", RuleID: "r",
 		Notification: &notify.Notification{ID: "n1", Type: notify.TypeNew, FiredAt: time.Now()},
 	})
@@ -249,7 +250,7 @@ func TestShortRetryAfterKeepsTheBackoff(t *testing.T) {
 func TestLongRetryAfterIsHonoured(t *testing.T) {
 	ch := &flaky{retryAfter: time.Hour, tried: make(chan struct{}, 16)}
 	pub, d := startDeliverer(t, Config{Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"webhook": ch})
-	body, err := json.Marshal(Job{
+	body, err := json.Marshal(wire.Job{
 		Channel: "webhook", Endpoint: "https://hooks.example/T1", ProjectID: "p", RuleID: "r",
 		Notification: &notify.Notification{ID: "n1", Type: notify.TypeNew, FiredAt: time.Now()},
 	})
@@ -333,11 +334,11 @@ func TestSettledDigestLeavesTheNextInFlight(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	d := New(Config{Prefix: testenv.KeyPrefix(t)}, map[string]notify.Channel{"slack": &recorder{}},
 		rdb, nil, log, metrics.New(prometheus.NewRegistry()))
-	flush := &Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 60_000, ProjectID: "p", RuleID: "r"}
+	flush := &wire.Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 60_000, ProjectID: "p", RuleID: "r"}
 	keys := d.digestKeys(flush)
 	pend := func(id string) {
 		t.Helper()
-		body, err := json.Marshal(Job{Channel: "slack", ProjectID: "p", RuleID: "r",
+		body, err := json.Marshal(wire.Job{Channel: "slack", ProjectID: "p", RuleID: "r",
 			Notification: &notify.Notification{ID: id, Type: notify.TypeNew, FiredAt: time.Now()}})
 		if err != nil {
 			t.Fatal(err)
@@ -468,7 +469,7 @@ func TestHungEndpointDoesNotDelayOtherNotifications(t *testing.T) {
 
 	jobTo := func(channel, endpoint, id string) queue.Message {
 		t.Helper()
-		body, err := json.Marshal(Job{
+		body, err := json.Marshal(wire.Job{
 			Channel: channel, Endpoint: endpoint, ProjectID: "p", RuleID: "r",
 			Notification: new(notifytest.Threshold(id, "Hung provider "+id, time.Now())),
 		})
@@ -526,26 +527,6 @@ func TestHungEndpointDoesNotDelayOtherNotifications(t *testing.T) {
 	}
 	if v := sent("slack"); v != 1 {
 		t.Errorf("%v Slack notifications sent, want 1", v)
-	}
-}
-
-func TestDecodeJobRefusesBadJobs(t *testing.T) {
-	for body, want := range map[string]string{
-		`{`: "not JSON",
-		`{"channel":"slack","endpoint":"https://x/","projectId":"p"}`:                                      "lacks",
-		`{"channel":"pager-` + strings.Repeat("x", 100) + `","endpoint":"e","projectId":"p","ruleId":"r"}`: "is not one of [email telegram slack webhook loop]",
-		`{"channel":"slack","endpoint":"e","projectId":"p","ruleId":"r","notification":{}}`:                "no id",
-	} {
-		_, err := DecodeJob([]byte(body))
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("DecodeJob(%.60s…) = %v, want an error saying %q", body, err, want)
-		}
-		if err != nil && strings.Contains(err.Error(), strings.Repeat("x", 50)) {
-			t.Errorf("the error repeats an unbounded channel name: %v", err)
-		}
-	}
-	if _, err := DecodeJob([]byte(`{"channel":"webhook","endpoint":"e","projectId":"p","ruleId":"r"}`)); err != nil {
-		t.Errorf("a good flush job: %v", err)
 	}
 }
 

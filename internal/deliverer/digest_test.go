@@ -18,18 +18,19 @@ import (
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/testenv"
+	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
 // throttledJob is a firing for a Slack channel with a minPeriod.
-func throttledJob(t *testing.T, id string, minPeriod time.Duration) Job {
+func throttledJob(t *testing.T, id string, minPeriod time.Duration) wire.Job {
 	t.Helper()
-	return Job{
+	return wire.Job{
 		Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: minPeriod.Milliseconds(), ProjectID: "p", RuleID: "r",
 		Notification: &notify.Notification{ID: id, Type: notify.TypeNew, FiredAt: time.Now()},
 	}
 }
 
-func publishJobs(t *testing.T, pub *queue.Publisher, q string, jobs ...Job) {
+func publishJobs(t *testing.T, pub *queue.Publisher, q string, jobs ...wire.Job) {
 	t.Helper()
 	var msgs []queue.Message
 	for _, j := range jobs {
@@ -88,8 +89,8 @@ func TestRedeliveredGatheredJobNotSentAgain(t *testing.T) {
 	// The worker that gathered one of the digest's firings died before its
 	// record: none is there.
 	ctx := context.Background()
-	var gathered *Job
-	for _, j := range []*Job{&n1, &n2, &n3} {
+	var gathered *wire.Job
+	for _, j := range []*wire.Job{&n1, &n2, &n3} {
 		if d.rdb.Get(ctx, d.claimKey(j.Key())).Val() == "digested" {
 			gathered = j
 		}
@@ -126,7 +127,7 @@ func TestFlushTakenByADigestInFlightStillFlushes(t *testing.T) {
 	a := newTestDeliverer(t, base.cfg.Prefix, testenv.Redis(t), pub, rec)
 	b := newTestDeliverer(t, base.cfg.Prefix, testenv.Redis(t), pub, rec)
 	world := testenv.Redis(t)
-	flush := &Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 60_000, ProjectID: "p", RuleID: "r"}
+	flush := &wire.Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 60_000, ProjectID: "p", RuleID: "r"}
 	keys := a.digestKeys(flush)
 	pend := func(id string) {
 		t.Helper()
@@ -204,7 +205,7 @@ func TestDigestRetryDoesNotSpendTheNextDigestsAttempts(t *testing.T) {
 	ctx := context.Background()
 	ch := &flaky{tried: make(chan struct{}, 16)}
 	_, d := declaredDeliverer(t, Config{MaxAttempts: 2, Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": ch})
-	flush := &Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 60_000, ProjectID: "p", RuleID: "r"}
+	flush := &wire.Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 60_000, ProjectID: "p", RuleID: "r"}
 	keys := d.digestKeys(flush)
 	pend := func(id string) {
 		t.Helper()
@@ -221,7 +222,7 @@ func TestDigestRetryDoesNotSpendTheNextDigestsAttempts(t *testing.T) {
 	if err := d.deliverDigest(ctx, flush, "a"); err != nil {
 		t.Fatal(err)
 	}
-	retry, err := DecodeJob(takeOne(t, d.Queue()))
+	retry, err := wire.DecodeJob(takeOne(t, d.Queue()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
 // Defaults of the fairness settings (Config).
@@ -35,7 +36,7 @@ func (e *errCircuitOpen) RetryAfter() time.Duration { return e.wait }
 // and the job was put back to wait (err then says whether that worked).
 // Otherwise retry and err are the attempt's, as from notify.Channel, where
 // a destination whose circuit is open fails at once with errCircuitOpen.
-func (d *Deliverer) try(ctx context.Context, job *Job, key string, msg *notify.Message, release func(context.Context) error) (retry, scheduled bool, err error) {
+func (d *Deliverer) try(ctx context.Context, job *wire.Job, key string, msg *notify.Message, release func(context.Context) error) (retry, scheduled bool, err error) {
 	dest := destinationKey(job.Channel, job.Endpoint)
 	// Before the pace: a job kept away by the circuit must not take a turn.
 	if wait := d.dests.blocked(dest, time.Now()); wait > 0 {
@@ -88,7 +89,7 @@ func (d *Deliverer) try(ctx context.Context, job *Job, key string, msg *notify.M
 // the back of the line, which under load starves the destination. The
 // price is a rare pair of sends close together, which providers allow as a
 // burst or answer with a 429 that is retried.
-func (d *Deliverer) pace(ctx context.Context, job *Job, dest, key string, msg *notify.Message, release func(context.Context) error) (scheduled bool, err error) {
+func (d *Deliverer) pace(ctx context.Context, job *wire.Job, dest, key string, msg *notify.Message, release func(context.Context) error) (scheduled bool, err error) {
 	limits := d.cfg.Limits[job.Channel]
 	if len(limits) == 0 || job.Paced {
 		return false, nil
@@ -111,7 +112,7 @@ func (d *Deliverer) pace(ctx context.Context, job *Job, dest, key string, msg *n
 // circuitChanged logs and counts a change of a destination's circuit, once
 // per change. The endpoint is never logged: the destination's hash names
 // it, and the host when it is a URL.
-func (d *Deliverer) circuitChanged(job *Job, dest, state string, probe bool) {
+func (d *Deliverer) circuitChanged(job *wire.Job, dest, state string, probe bool) {
 	if state == "" {
 		return
 	}

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
 // Delivery is what the deliverer recorded of one firing on one channel,
@@ -47,7 +49,7 @@ func Inspect(ctx context.Context, rdb redis.UniversalClient, prefix, projectID, 
 		if state != "digested" {
 			continue
 		}
-		keys := d.digestKeys(&Job{ProjectID: projectID, RuleID: ruleID, Channel: ch})
+		keys := d.digestKeys(&wire.Job{ProjectID: projectID, RuleID: ruleID, Channel: ch})
 		pending, err := rdb.HExists(ctx, keys[1], id).Result()
 		if err != nil {
 			return nil, fmt.Errorf("read digest of rule %s on %s: %w", ruleID, ch, err)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/snooze"
+	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
 // Snoozes (klaxon snooze) are honoured here, where jobs are sent, rather
@@ -41,7 +42,7 @@ const heldFor = 48 * time.Hour
 // hold holds back a firing whose rule (or group) is snoozed: it is
 // recorded as snoozed, and kept for the snooze's summary. held false means
 // send it.
-func (d *Deliverer) hold(ctx context.Context, job *Job, key string) (held bool, err error) {
+func (d *Deliverer) hold(ctx context.Context, job *wire.Job, key string) (held bool, err error) {
 	n := job.Notification
 	now := time.Now()
 	sn, err := snooze.New(d.rdb, d.cfg.Prefix).Active(ctx, job.ProjectID, job.RuleID, n.Event.GroupHash, now)
@@ -77,14 +78,14 @@ func (d *Deliverer) heldKey(sn *snooze.Snooze, channel string) string {
 
 // summaryJob is the job that sends, once sn ended, what it held on job's
 // channel.
-func summaryJob(job *Job, sn *snooze.Snooze) *Job {
-	return &Job{Channel: job.Channel, Endpoint: job.Endpoint, ProjectID: job.ProjectID, RuleID: job.RuleID, Snooze: sn}
+func summaryJob(job *wire.Job, sn *snooze.Snooze) *wire.Job {
+	return &wire.Job{Channel: job.Channel, Endpoint: job.Endpoint, ProjectID: job.ProjectID, RuleID: job.RuleID, Snooze: sn}
 }
 
 // deliverSummary sends what a snooze held back on a channel, as one
 // digest with an id derived from the snooze, once the snooze has ended
 // (run out, removed, or replaced by a new one); until then it checks back.
-func (d *Deliverer) deliverSummary(ctx context.Context, job *Job, token string) error {
+func (d *Deliverer) deliverSummary(ctx context.Context, job *wire.Job, token string) error {
 	sn := job.Snooze
 	now := time.Now()
 	cur, err := snooze.New(d.rdb, d.cfg.Prefix).Get(ctx, sn.ProjectID, sn.RuleID, sn.GroupHash)

@@ -16,16 +16,13 @@ import (
 	"time"
 
 	"github.com/klaxonhq/klaxon/internal/counter"
-	"github.com/klaxonhq/klaxon/internal/deliverer"
 	"github.com/klaxonhq/klaxon/internal/event"
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/wire"
 )
-
-// ErrorHeader is the header of a dead letter that says what was wrong.
-const ErrorHeader = "x-klaxon-error"
 
 // Rules gives the matcher of a project's enabled rules (nil for none); the
 // hot path calls it per event. Before the first load (the store unreachable
@@ -92,7 +89,7 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 		m, err := event.Decode(d.Body)
 		if err != nil {
 			dl := d.Message(e.DeadQueue)
-			dl.Headers[ErrorHeader] = err.Error()
+			dl.Headers[wire.ErrorHeader] = err.Error()
 			out = append(out, dl)
 			tally[outDead]++
 			e.Log.Warn("dead-lettered a message", "queue", e.DeadQueue, "message_id", d.MessageID, "error", err)
@@ -235,7 +232,7 @@ func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result
 		n := Notification(ev, m, o)
 		n.Event.URL = EventURL(e.EventURL, ev.ProjectID, ev.GroupHash)
 		for _, c := range o.Rule.Channels {
-			job := deliverer.Job{
+			job := wire.Job{
 				Channel: c.Name, Endpoint: c.Endpoint, MinPeriod: c.MinPeriod.Milliseconds(),
 				ProjectID: ev.ProjectID, RuleID: o.Rule.ID, Notification: &n,
 			}
