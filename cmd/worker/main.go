@@ -95,7 +95,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	rdb := redis.NewUniversalClient(redisOpts)
+	rdb := redisOpts.NewClient()
 	defer rdb.Close()
 
 	pub, err := queue.NewPublisher(queue.PublisherConfig{URL: cfg.AMQPURL, ConnectionName: "klaxon-publisher", Logger: log})

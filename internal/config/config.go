@@ -823,7 +823,7 @@ func (l *loader) wait(redisURL string) (int, time.Duration) {
 	if n == 0 {
 		return 0, d
 	}
-	if o, err := parseRedisURL(redisURL); err == nil && (o.IsClusterMode || o.RouteByLatency || o.RouteRandomly) {
+	if o, err := parseRedisURL(redisURL); err == nil && (o.Cluster != nil || o.routesToReplicas()) {
 		l.fail(l.lookup(EnvWaitReplicas, "", false),
 			"needs a single node or a Sentinel URL without route_by_latency or route_randomly: on Cluster a WAIT cannot follow a batch's writes")
 		return 0, d
