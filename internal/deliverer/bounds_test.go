@@ -38,9 +38,9 @@ func gatherMany(t *testing.T, d *Deliverer, n int) (flush *wire.Job, pendingFiel
 		}
 	}
 	flush = flushJob(&wire.Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: time.Hour.Milliseconds(), ProjectID: "p", RuleID: "r"})
-	keys := d.digestKeys(flush)
-	pendingFields = d.rdb.HLen(ctx, keys[1]).Val()
-	if err := d.rdb.HSet(ctx, keys[0], "last", 0).Err(); err != nil {
+	keys := d.minPeriodKeys(flush)
+	pendingFields = d.rdb.HLen(ctx, keys.pending).Val()
+	if err := d.rdb.HSet(ctx, keys.state, "last", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.deliverDigest(ctx, flush, "tok"); err != nil {
@@ -109,7 +109,7 @@ func TestRedeliveredOmittedJobCountsOnce(t *testing.T) {
 		}
 	}
 	flush := flushJob(&wire.Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: time.Hour.Milliseconds(), ProjectID: "p", RuleID: "r"})
-	d.rdb.HSet(ctx, d.digestKeys(flush)[0], "last", 0)
+	d.rdb.HSet(ctx, d.minPeriodKeys(flush).state, "last", 0)
 	if err := d.deliverDigest(ctx, flush, "tok"); err != nil {
 		t.Fatal(err)
 	}

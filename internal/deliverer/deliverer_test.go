@@ -335,7 +335,7 @@ func TestSettledDigestLeavesTheNextInFlight(t *testing.T) {
 	d := New(Config{Prefix: testenv.KeyPrefix(t)}, map[string]notify.Channel{"slack": &recorder{}},
 		rdb, nil, log, metrics.New(prometheus.NewRegistry()))
 	flush := &wire.Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 60_000, ProjectID: "p", RuleID: "r"}
-	keys := d.digestKeys(flush)
+	keys := d.minPeriodKeys(flush)
 	pend := func(id string) {
 		t.Helper()
 		body, err := json.Marshal(wire.Job{Channel: "slack", ProjectID: "p", RuleID: "r",
@@ -343,7 +343,7 @@ func TestSettledDigestLeavesTheNextInFlight(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := world.HSet(ctx, keys[1], id, body).Err(); err != nil {
+		if err := world.HSet(ctx, keys.pending, id, body).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -354,18 +354,18 @@ func TestSettledDigestLeavesTheNextInFlight(t *testing.T) {
 	}
 	// Between this worker's flush (which reads n1's digest) and its claim,
 	// that worker drops n1's digest and, a minPeriod later, flushes n2's.
-	rdb.AddHook(&atScript{sha: d.flush.Hash(), after: true, then: func() {
-		world.Del(ctx, keys[2])
+	rdb.AddHook(&atScript{sha: d.scripts.flush.Hash(), after: true, then: func() {
+		world.Del(ctx, keys.inflight)
 		pend("n2")
-		world.HSet(ctx, keys[0], "last", 0)
-		if err := d.flush.Run(ctx, world, keys, flush.MinPeriod).Err(); err != nil {
+		world.HSet(ctx, keys.state, "last", 0)
+		if err := d.scripts.flush.Run(ctx, world, []string{keys.state, keys.pending, keys.inflight}, flush.MinPeriod).Err(); err != nil {
 			t.Error(err)
 		}
 	}})
 	if err := d.deliverDigest(ctx, flush, "token"); err != nil {
 		t.Fatal(err)
 	}
-	if ids := world.HKeys(ctx, keys[2]).Val(); !slices.Contains(ids, "n2") {
+	if ids := world.HKeys(ctx, keys.inflight).Val(); !slices.Contains(ids, "n2") {
 		t.Fatalf("in flight after settling n1's digest: %v, want n2's digest still there", ids)
 	}
 
@@ -376,7 +376,7 @@ func TestSettledDigestLeavesTheNextInFlight(t *testing.T) {
 	if err := d.deliverDigest(ctx, flush, "token"); err != nil {
 		t.Fatal(err)
 	}
-	if n := world.Exists(ctx, keys[2]).Val(); n != 0 {
+	if n := world.Exists(ctx, keys.inflight).Val(); n != 0 {
 		t.Errorf("n2's digest still in flight after it was settled")
 	}
 }

@@ -128,29 +128,29 @@ func TestFlushTakenByADigestInFlightStillFlushes(t *testing.T) {
 	b := newTestDeliverer(t, base.cfg.Prefix, testenv.Redis(t), pub, rec)
 	world := testenv.Redis(t)
 	flush := &wire.Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 60_000, ProjectID: "p", RuleID: "r"}
-	keys := a.digestKeys(flush)
+	keys := a.minPeriodKeys(flush)
 	pend := func(id string) {
 		t.Helper()
 		body, err := json.Marshal(throttledJob(t, id, time.Minute))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := world.HSet(ctx, keys[1], id, body).Err(); err != nil {
+		if err := world.HSet(ctx, keys.pending, id, body).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// n1's digest is in flight, its minPeriod over; n2 was gathered since,
 	// its flush scheduled: that is the job b runs.
 	pend("n1")
-	if err := a.flush.Run(ctx, world, keys, flush.MinPeriod).Err(); err != nil {
+	if err := a.scripts.flush.Run(ctx, world, []string{keys.state, keys.pending, keys.inflight}, flush.MinPeriod).Err(); err != nil {
 		t.Fatal(err)
 	}
 	pend("n2")
-	world.HSet(ctx, keys[0], "last", 0, "sched", 1)
+	world.HSet(ctx, keys.state, "last", 0, "sched", 1)
 
 	// a sends n1's digest; b reads it and claims it between a's record and
 	// a's drop.
-	a.rdb.AddHook(&atScript{sha: a.drop.Hash(), then: func() {
+	a.rdb.AddHook(&atScript{sha: a.scripts.drop.Hash(), then: func() {
 		if err := b.deliverDigest(ctx, flush, "b"); err != nil {
 			t.Error(err)
 		}
@@ -162,7 +162,7 @@ func TestFlushTakenByADigestInFlightStillFlushes(t *testing.T) {
 	// deliverer running on these queues.
 	if ids := sentIDs(t, rec, 2, 500*time.Millisecond); !slices.Equal(ids, []string{"n1", "n2"}) {
 		t.Errorf("sent %v, want n1's digest, then n2's: n2 is pending with no flush to come (state %v)",
-			ids, world.HGetAll(ctx, keys[0]).Val())
+			ids, world.HGetAll(ctx, keys.state).Val())
 	}
 }
 
@@ -206,14 +206,14 @@ func TestDigestRetryDoesNotSpendTheNextDigestsAttempts(t *testing.T) {
 	ch := &flaky{tried: make(chan struct{}, 16)}
 	_, d := declaredDeliverer(t, Config{MaxAttempts: 2, Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": ch})
 	flush := &wire.Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 60_000, ProjectID: "p", RuleID: "r"}
-	keys := d.digestKeys(flush)
+	keys := d.minPeriodKeys(flush)
 	pend := func(id string) {
 		t.Helper()
 		body, err := json.Marshal(throttledJob(t, id, time.Minute))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := d.rdb.HSet(ctx, keys[1], id, body).Err(); err != nil {
+		if err := d.rdb.HSet(ctx, keys.pending, id, body).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -231,9 +231,9 @@ func TestDigestRetryDoesNotSpendTheNextDigestsAttempts(t *testing.T) {
 	if err := d.record(ctx, d.claimKey("n1:slack:digest"), "sent"); err != nil {
 		t.Fatal(err)
 	}
-	d.rdb.Del(ctx, keys[2])
+	d.rdb.Del(ctx, keys.inflight)
 	pend("n2")
-	d.rdb.HSet(ctx, keys[0], "last", 0)
+	d.rdb.HSet(ctx, keys.state, "last", 0)
 
 	if err := d.deliverDigest(ctx, &retry, "b"); err != nil {
 		t.Fatal(err)
