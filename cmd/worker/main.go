@@ -149,8 +149,8 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		FailedBounds: deadBounds, DigestMaxFirings: cfg.DigestMaxFirings, DigestMaxBytes: cfg.DigestMaxBytes,
 		MaxSendsPerDestination: cfg.MaxSendsPerDestination, MaxSendsPerProject: cfg.MaxSendsPerProject,
 		CircuitTimeouts: cfg.CircuitTimeouts, CircuitOpen: cfg.CircuitOpen,
-		WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout},
-		chans, rdb, pub, log.With("stage", "deliverer"), m)
+		WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout,
+		Redis: rdb, Publisher: pub, Channels: chans, Logger: log.With("stage", "deliverer"), Metrics: m})
 	if cfg.Role.Delivers() {
 		c, err := queue.NewConsumer(queue.ConsumerConfig{
 			URL: cfg.AMQPURL, Queue: dlv.Queue(), ConnectionName: "klaxon-deliverer",

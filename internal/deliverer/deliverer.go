@@ -24,6 +24,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
@@ -64,8 +65,20 @@ type Declarer interface {
 	DeclareDelay(ctx context.Context, name, target string, ttl time.Duration) error
 }
 
-// Config configures a Deliverer. Zero values take the defaults shown.
+// Config configures a Deliverer: what it works with, then its settings.
+// Zero values take the defaults shown.
 type Config struct {
+	// Redis keeps claims, records, minPeriods, snoozes and the pace of
+	// each destination; required.
+	Redis redis.UniversalClient
+	// Publisher publishes retries, flushes and failed notifications;
+	// required.
+	Publisher Publisher
+	// Channels are the channels' notifiers, keyed by rules' channel names.
+	Channels map[string]notify.Channel
+	Logger   *slog.Logger     // [slog.Default()]
+	Metrics  *metrics.Metrics // [metrics registered nowhere]
+
 	Prefix string // namespace of Redis keys and queues [klaxon]
 	// Queue is the delivery queue [<prefix>.deliveries].
 	Queue string
@@ -146,8 +159,14 @@ type Deliverer struct {
 	dests *destinations
 }
 
-// New returns a deliverer; channels are keyed by rules' channel names.
-func New(cfg Config, channels map[string]notify.Channel, rdb redis.UniversalClient, pub Publisher, log *slog.Logger, m *metrics.Metrics) *Deliverer {
+// New returns a deliverer.
+func New(cfg Config) *Deliverer {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.New(prometheus.NewRegistry())
+	}
 	if cfg.Limits == nil {
 		cfg.Limits = DefaultLimits()
 	}
@@ -187,8 +206,8 @@ func New(cfg Config, channels map[string]notify.Channel, rdb redis.UniversalClie
 	}
 	n, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
 	return &Deliverer{
-		cfg: cfg, channels: channels, rdb: rdb, pub: pub, log: log, metrics: m,
-		limiter:  counter.NewLimiter(rdb, cfg.Prefix),
+		cfg: cfg, channels: cfg.Channels, rdb: cfg.Redis, pub: cfg.Publisher, log: cfg.Logger, metrics: cfg.Metrics,
+		limiter:  counter.NewLimiter(cfg.Redis, cfg.Prefix),
 		scripts:  newScripts(),
 		instance: strconv.FormatInt(n.Int64(), 36),
 		refused:  newRefusals(),

@@ -80,7 +80,8 @@ func startDelivererWith(t *testing.T, cfg Config, channels map[string]notify.Cha
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pub.Close() })
-	d := New(cfg, channels, testenv.Redis(t), pub, log, metrics.New(prometheus.NewRegistry()))
+	cfg.Redis, cfg.Publisher, cfg.Channels, cfg.Logger, cfg.Metrics = testenv.Redis(t), pub, channels, log, metrics.New(prometheus.NewRegistry())
+	d := New(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := d.Declare(ctx, pub); err != nil {
 		t.Fatal(err)
@@ -332,8 +333,8 @@ func TestSettledDigestLeavesTheNextInFlight(t *testing.T) {
 	ctx := context.Background()
 	rdb, world := testenv.Redis(t), testenv.Redis(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	d := New(Config{Prefix: testenv.KeyPrefix(t)}, map[string]notify.Channel{"slack": &recorder{}},
-		rdb, nil, log, metrics.New(prometheus.NewRegistry()))
+	d := New(Config{Prefix: testenv.KeyPrefix(t),
+		Redis: rdb, Publisher: nil, Channels: map[string]notify.Channel{"slack": &recorder{}}, Logger: log, Metrics: metrics.New(prometheus.NewRegistry())})
 	flush := &wire.Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 60_000, ProjectID: "p", RuleID: "r"}
 	keys := d.minPeriodKeys(flush)
 	pend := func(id string) {
@@ -537,8 +538,8 @@ func TestHungEndpointDoesNotDelayOtherNotifications(t *testing.T) {
 func TestWaitReplicasFailsClaimsAndRecordsWithoutReplicas(t *testing.T) {
 	ctx := context.Background()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	d := New(Config{Prefix: testenv.KeyPrefix(t), WaitReplicas: 1, WaitTimeout: 10 * time.Millisecond},
-		map[string]notify.Channel{"slack": &recorder{}}, testenv.Redis(t), nil, log, metrics.New(prometheus.NewRegistry()))
+	d := New(Config{Prefix: testenv.KeyPrefix(t), WaitReplicas: 1, WaitTimeout: 10 * time.Millisecond,
+		Redis: testenv.Redis(t), Publisher: nil, Channels: map[string]notify.Channel{"slack": &recorder{}}, Logger: log, Metrics: metrics.New(prometheus.NewRegistry())})
 	key := d.claimKey("n1:slack")
 	if _, _, err := d.claim(ctx, key, "c:token"); err == nil || !strings.Contains(err.Error(), "0 of 1 replicas") {
 		t.Errorf("claim without replicas: %v, want an error saying no replica acknowledged", err)

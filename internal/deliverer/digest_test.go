@@ -112,8 +112,8 @@ func TestRedeliveredGatheredJobNotSentAgain(t *testing.T) {
 func newTestDeliverer(t *testing.T, prefix string, rdb redis.UniversalClient, pub *queue.Publisher, ch notify.Channel) *Deliverer {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	return New(Config{Prefix: prefix, Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": ch},
-		rdb, pub, log, metrics.New(prometheus.NewRegistry()))
+	return New(Config{Prefix: prefix, Limits: map[string][]counter.Limit{},
+		Redis: rdb, Publisher: pub, Channels: map[string]notify.Channel{"slack": ch}, Logger: log, Metrics: metrics.New(prometheus.NewRegistry())})
 }
 
 // Two flush jobs read the same digest in flight: one sends it, the other
@@ -177,7 +177,8 @@ func declaredDeliverer(t *testing.T, cfg Config, channels map[string]notify.Chan
 	}
 	t.Cleanup(func() { pub.Close() })
 	cfg.Prefix = testenv.KeyPrefix(t)
-	d := New(cfg, channels, testenv.Redis(t), pub, log, metrics.New(prometheus.NewRegistry()))
+	cfg.Redis, cfg.Publisher, cfg.Channels, cfg.Logger, cfg.Metrics = testenv.Redis(t), pub, channels, log, metrics.New(prometheus.NewRegistry())
+	d := New(cfg)
 	if err := d.Declare(context.Background(), pub); err != nil {
 		t.Fatal(err)
 	}

@@ -119,8 +119,8 @@ func newMachine(t *testing.T, answers ...reply) *machine {
 	m := &machine{t: t, broker: &fakeBroker{}, clock: &fakeClock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)},
 		ch: &provider{answers: answers}}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	m.d = New(Config{Prefix: testenv.KeyPrefix(t), Now: m.clock.now, Limits: map[string][]counter.Limit{}},
-		map[string]notify.Channel{"webhook": m.ch}, testenv.Redis(t), m.broker, log, metrics.New(prometheus.NewRegistry()))
+	m.d = New(Config{Prefix: testenv.KeyPrefix(t), Now: m.clock.now, Limits: map[string][]counter.Limit{},
+		Redis: testenv.Redis(t), Publisher: m.broker, Channels: map[string]notify.Channel{"webhook": m.ch}, Logger: log, Metrics: metrics.New(prometheus.NewRegistry())})
 	return m
 }
 
