@@ -50,6 +50,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/klaxonhq/klaxon/internal/store"
+	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
 // options are the command line's settings.
@@ -519,9 +520,9 @@ func (b *bench) runKlaxon(ctx context.Context, bin, variant string, k int, first
 	if variant != "" {
 		kprefix = fmt.Sprintf("%s-%s%d", b.prefix, variant, k)
 	}
-	b.queues = append(b.queues, kprefix+".deliveries", kprefix+".failed")
-	for _, d := range []string{"100ms", "250ms", "500ms", "1s", "2s", "4s", "8s", "16s", "32s", "1m4s", "2m8s", "4m16s", "8m32s"} {
-		b.queues = append(b.queues, kprefix+".retry."+d)
+	b.queues = append(b.queues, wire.DeliveryQueue(kprefix), wire.FailedQueue(kprefix))
+	for _, d := range wire.RetryDelays() {
+		b.queues = append(b.queues, wire.RetryQueue(kprefix, d))
 	}
 	label := fmt.Sprintf("Klaxon ×%d", k)
 	if variant != "" {
@@ -626,7 +627,7 @@ func (b *bench) runKlaxon(ctx context.Context, bin, variant string, k int, first
 		}
 	}
 	// Let the notifications of the run arrive before counting them.
-	b.waitEmpty(ctx, kprefix+".deliveries", 10*time.Second)
+	b.waitEmpty(ctx, wire.DeliveryQueue(kprefix), 10*time.Second)
 	res.Notifications = b.sink.received.Load() - notified
 
 	if b.o.latency > 0 {

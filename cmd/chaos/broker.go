@@ -12,8 +12,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/klaxonhq/klaxon/internal/deliverer"
 	"github.com/klaxonhq/klaxon/internal/queue"
+	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
 // broker is the tool's own access to RabbitMQ: a Publisher declares,
@@ -151,39 +151,20 @@ func (b *broker) peek(name string, n int) ([]string, error) {
 }
 
 // klaxonQueues are the queues the workers declare under prefix: the
-// delivery queue, the failed queue and the retry ladder, as the deliverer
-// itself names them.
+// delivery queue, the failed queue and the retry ladder, as the wire
+// contract names them.
 type klaxonQueues struct {
 	deliveries string
 	failed     string
 	retries    []string
 }
 
-func queuesOf(ctx context.Context, prefix string) (klaxonQueues, error) {
-	var rec queueRecorder
-	d := deliverer.New(deliverer.Config{Prefix: prefix}, nil, nil, nil, nil, nil)
-	if err := d.Declare(ctx, &rec); err != nil {
-		return klaxonQueues{}, err
+func queuesOf(prefix string) klaxonQueues {
+	qs := klaxonQueues{deliveries: wire.DeliveryQueue(prefix), failed: wire.FailedQueue(prefix)}
+	for _, d := range wire.RetryDelays() {
+		qs.retries = append(qs.retries, wire.RetryQueue(prefix, d))
 	}
-	if len(rec.plain) != 2 || rec.plain[0] != d.Queue() {
-		return klaxonQueues{}, fmt.Errorf("the deliverer declares %v, want its queue and failed queue", rec.plain)
-	}
-	return klaxonQueues{deliveries: rec.plain[0], failed: rec.plain[1], retries: rec.delays}, nil
-}
-
-// queueRecorder is a deliverer.Declarer that only records names.
-type queueRecorder struct {
-	plain, delays []string
-}
-
-func (r *queueRecorder) Declare(_ context.Context, name string, _ amqp.Table) error {
-	r.plain = append(r.plain, name)
-	return nil
-}
-
-func (r *queueRecorder) DeclareDelay(_ context.Context, name, _ string, _ time.Duration) error {
-	r.delays = append(r.delays, name)
-	return nil
+	return qs
 }
 
 // deleteKeys deletes every Redis key under prefix + ":".

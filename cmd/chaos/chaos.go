@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
 // Config is one chaos run.
@@ -191,11 +193,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	defer b.Close()
-	qs, err := queuesOf(ctx, res.Prefix)
-	if err != nil {
-		return nil, err
-	}
-	allQueues := append([]string{res.Queue, res.Queue + ".dead", qs.deliveries, qs.failed}, qs.retries...)
+	qs := queuesOf(res.Prefix)
+	allQueues := append([]string{res.Queue, wire.DeadQueue(res.Queue), qs.deliveries, qs.failed}, qs.retries...)
 	// Everything the run made goes, whatever happened.
 	defer func() {
 		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)

@@ -15,12 +15,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/klaxonhq/klaxon/internal/counter"
-	"github.com/klaxonhq/klaxon/internal/deliverer"
 	"github.com/klaxonhq/klaxon/internal/evaluator"
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/store"
 	"github.com/klaxonhq/klaxon/internal/testenv"
+	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
 const (
@@ -194,7 +194,7 @@ func (c *capture) firings(t *testing.T) []firing {
 		if m.RoutingKey != "deliveries" {
 			continue
 		}
-		var job deliverer.Job
+		var job wire.Job
 		if err := json.Unmarshal(m.Body, &job); err != nil {
 			t.Fatal(err)
 		}

@@ -340,7 +340,7 @@ func redisClient(cfg config.Config) (redis.UniversalClient, error) {
 	if err != nil {
 		return nil, err
 	}
-	return redis.NewUniversalClient(opts), nil
+	return opts.NewClient(), nil
 }
 
 // snoozeScope says what a snooze holds back beyond its rule.

@@ -45,6 +45,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/store"
+	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
 func main() {
@@ -95,7 +96,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	rdb := redis.NewUniversalClient(redisOpts)
+	rdb := redisOpts.NewClient()
 	defer rdb.Close()
 
 	pub, err := queue.NewPublisher(queue.PublisherConfig{URL: cfg.AMQPURL, ConnectionName: "klaxon-publisher", Logger: log})
@@ -121,8 +122,8 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			Counter: counter.New(rdb, counter.Options{Prefix: cfg.Prefix, DedupTTL: cfg.DedupTTL,
 				GroupsPerCall: cfg.GroupsPerCall, WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout}),
 			Publisher:     pub,
-			DeadQueue:     cfg.DeadQueue(),
-			DeliveryQueue: deliveryQueue(cfg),
+			DeadQueue:     wire.DeadQueue(cfg.Queue),
+			DeliveryQueue: wire.DeliveryQueue(cfg.Prefix),
 			EventURL:      cfg.EventURL,
 			Log:           log.With("stage", "evaluator"),
 			Metrics:       m,
@@ -156,12 +157,12 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		return err
 	}
 	deadBounds := queue.Bounds{MaxMessages: cfg.DeadMaxMessages, MaxBytes: cfg.DeadMaxBytes}
-	dlv := deliverer.New(deliverer.Config{Prefix: cfg.Prefix, Queue: deliveryQueue(cfg), SendTimeout: cfg.SendTimeout,
+	dlv := deliverer.New(deliverer.Config{Prefix: cfg.Prefix, Queue: wire.DeliveryQueue(cfg.Prefix), SendTimeout: cfg.SendTimeout,
 		FailedBounds: deadBounds, DigestMaxFirings: cfg.DigestMaxFirings, DigestMaxBytes: cfg.DigestMaxBytes,
 		MaxSendsPerDestination: cfg.MaxSendsPerDestination, MaxSendsPerProject: cfg.MaxSendsPerProject,
 		CircuitTimeouts: cfg.CircuitTimeouts, CircuitOpen: cfg.CircuitOpen,
-		WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout},
-		chans, rdb, pub, log.With("stage", "deliverer"), m)
+		WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout,
+		Redis: rdb, Publisher: pub, Channels: chans, Logger: log.With("stage", "deliverer"), Metrics: m})
 	if cfg.Role.Delivers() {
 		c, err := queue.NewConsumer(queue.ConsumerConfig{
 			URL: cfg.AMQPURL, Queue: dlv.Queue(), ConnectionName: "klaxon-deliverer",
@@ -215,8 +216,8 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			log.Warn("rules not loaded yet", "error", err)
 		}
 		if cfg.Role.Evaluates() {
-			if err := pub.Declare(ctx, cfg.DeadQueue(), deadBounds.Args()); err != nil {
-				return fmt.Errorf("declare %s: %w", cfg.DeadQueue(), err)
+			if err := pub.Declare(ctx, wire.DeadQueue(cfg.Queue), deadBounds.Args()); err != nil {
+				return fmt.Errorf("declare %s: %w", wire.DeadQueue(cfg.Queue), err)
 			}
 		}
 		if err := dlv.Declare(ctx, pub); err != nil {
@@ -228,7 +229,9 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	return runAll(ctx, []func(context.Context) error{
 		func(ctx context.Context) error { return serve(ctx, srv, ln, log) },
 		func(ctx context.Context) error { return watch(ctx, checks, m, log) },
-		func(ctx context.Context) error { return depths(ctx, pub, []string{cfg.Queue, deliveryQueue(cfg)}, m) },
+		func(ctx context.Context) error {
+			return depths(ctx, pub, []string{cfg.Queue, wire.DeliveryQueue(cfg.Prefix)}, m)
+		},
 		start,
 	})
 }

@@ -278,9 +278,6 @@ func (c Config) EmailEnabled() bool { return c.SMTPAddr != "" }
 // TelegramEnabled reports whether the Telegram channel is configured.
 func (c Config) TelegramEnabled() bool { return c.TelegramToken != "" }
 
-// DeadQueue is the queue that receives malformed incoming messages.
-func (c Config) DeadQueue() string { return c.Queue + ".dead" }
-
 // Role is which stages a process runs.
 type Role string
 
@@ -860,7 +857,7 @@ func (l *loader) wait(redisURL string) (int, time.Duration) {
 	if n == 0 {
 		return 0, d
 	}
-	if o, err := parseRedisURL(redisURL); err == nil && (o.IsClusterMode || o.RouteByLatency || o.RouteRandomly) {
+	if o, err := parseRedisURL(redisURL); err == nil && (o.Cluster != nil || o.routesToReplicas()) {
 		l.fail(l.lookup(EnvWaitReplicas, "", false),
 			"needs a single node or a Sentinel URL without route_by_latency or route_randomly: on Cluster a WAIT cannot follow a batch's writes")
 		return 0, d

@@ -14,6 +14,7 @@ import (
 
 	"github.com/klaxonhq/klaxon/internal/notify/email"
 	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
 // env is a getenv over a map.
@@ -69,8 +70,8 @@ func TestLoadDefaults(t *testing.T) {
 	if got.EmailEnabled() || got.TelegramEnabled() {
 		t.Error("email and Telegram should be disabled by default")
 	}
-	if got.DeadQueue() != "notifier.dead" {
-		t.Errorf("DeadQueue = %q", got.DeadQueue())
+	if wire.DeadQueue(got.Queue) != "notifier.dead" {
+		t.Errorf("DeadQueue = %q", wire.DeadQueue(got.Queue))
 	}
 }
 

@@ -34,11 +34,41 @@ const (
 	redisSentinel = "sentinel"
 )
 
-// RedisOptions returns the go-redis options for KLAXON_REDIS_URL. Pass them
-// to redis.NewUniversalClient, which returns a single-node client, a
-// Sentinel-backed failover client or a cluster client as the URL asks:
-// MasterName is set for Sentinel and IsClusterMode for Cluster.
-func (c Config) RedisOptions() (*redis.UniversalOptions, error) {
+// RedisOptions are the go-redis options KLAXON_REDIS_URL asks for, in the
+// library's own type for the deployment, exactly as its URL parser built
+// them: exactly one is set. Copying them into another type would drop, on
+// a go-redis upgrade, whatever field the copy does not know yet.
+type RedisOptions struct {
+	Single   *redis.Options         // redis://, rediss://, unix://
+	Cluster  *redis.ClusterOptions  // redis+cluster://, rediss+cluster://
+	Failover *redis.FailoverOptions // redis+sentinel://, rediss+sentinel://
+}
+
+// NewClient returns the client the options are for, as
+// redis.NewUniversalClient would choose it: a single-node client, a
+// cluster client, or a Sentinel-backed failover client, itself a cluster
+// client when it routes reads to replicas (route_by_latency,
+// route_randomly).
+func (o *RedisOptions) NewClient() redis.UniversalClient {
+	switch {
+	case o.Cluster != nil:
+		return redis.NewClusterClient(o.Cluster)
+	case o.routesToReplicas():
+		return redis.NewFailoverClusterClient(o.Failover)
+	case o.Failover != nil:
+		return redis.NewFailoverClient(o.Failover)
+	}
+	return redis.NewClient(o.Single)
+}
+
+// routesToReplicas reports whether a Sentinel client spreads commands over
+// the master and its replicas.
+func (o *RedisOptions) routesToReplicas() bool {
+	return o.Failover != nil && (o.Failover.RouteByLatency || o.Failover.RouteRandomly)
+}
+
+// RedisOptions returns the go-redis options for KLAXON_REDIS_URL.
+func (c Config) RedisOptions() (*RedisOptions, error) {
 	o, err := parseRedisURL(c.RedisURL)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", EnvRedisURL, err)
@@ -46,12 +76,12 @@ func (c Config) RedisOptions() (*redis.UniversalOptions, error) {
 	return o, nil
 }
 
-// parseRedisURL turns a Klaxon Redis URL into UniversalOptions. It rewrites
+// parseRedisURL turns a Klaxon Redis URL into go-redis options. It rewrites
 // the URL into the form go-redis' own parser for that deployment expects
 // (ParseURL, ParseClusterURL or ParseFailoverURL), without the credentials,
 // so that a parser's error cannot quote them; then it sets the credentials
 // itself.
-func parseRedisURL(raw string) (*redis.UniversalOptions, error) {
+func parseRedisURL(raw string) (*RedisOptions, error) {
 	u, err := splitURL(raw)
 	if err != nil {
 		return nil, err
@@ -93,27 +123,36 @@ func parseRedisURL(raw string) (*redis.UniversalOptions, error) {
 		return nil, errors.New("skip_verify=true needs a rediss scheme")
 	}
 
-	var o *redis.UniversalOptions
+	var o RedisOptions
+	var tlsConfig *tls.Config
 	switch kind {
 	case redisSingle:
-		o, err = singleNode(base, u.hosts, path, query)
+		if o.Single, err = singleNode(base, u.hosts, path, query); err == nil {
+			o.Single.Username, o.Single.Password = user, password
+			tlsConfig = o.Single.TLSConfig
+		}
 	case redisCluster:
-		o, err = cluster(base, u.hosts, path, query)
+		if o.Cluster, err = cluster(base, u.hosts, path, query); err == nil {
+			o.Cluster.Username, o.Cluster.Password = user, password
+			tlsConfig = o.Cluster.TLSConfig
+		}
 	case redisSentinel:
-		o, err = sentinel(base, u.hosts, path, query)
+		if o.Failover, err = sentinel(base, u.hosts, path, query); err == nil {
+			o.Failover.Username, o.Failover.Password = user, password
+			tlsConfig = o.Failover.TLSConfig
+		}
 	}
 	if err != nil {
 		return nil, err
 	}
-	o.Username, o.Password = user, password
-	if o.TLSConfig != nil {
-		o.TLSConfig.MinVersion = tls.VersionTLS12
-		o.TLSConfig.InsecureSkipVerify = skipVerify
+	if tlsConfig != nil {
+		tlsConfig.MinVersion = tls.VersionTLS12
+		tlsConfig.InsecureSkipVerify = skipVerify
 	}
-	return o, nil
+	return &o, nil
 }
 
-func singleNode(scheme string, hosts []string, path string, query url.Values) (*redis.UniversalOptions, error) {
+func singleNode(scheme string, hosts []string, path string, query url.Values) (*redis.Options, error) {
 	if len(hosts) != 1 {
 		return nil, errors.New("names several hosts: use redis+cluster:// for a Redis Cluster or redis+sentinel:// for Sentinel")
 	}
@@ -127,46 +166,10 @@ func singleNode(scheme string, hosts []string, path string, query url.Values) (*
 	} else if hosts[0] != "" {
 		return nil, errors.New("a unix URL has no host: unix:///path/to/redis.sock")
 	}
-	o, err := redis.ParseURL((&url.URL{Scheme: scheme, Host: host, Path: path, RawQuery: query.Encode()}).String())
-	if err != nil {
-		return nil, err
-	}
-	return &redis.UniversalOptions{
-		Addrs:                   []string{o.Addr},
-		ClientName:              o.ClientName,
-		DB:                      o.DB,
-		Protocol:                o.Protocol,
-		MaxRetries:              o.MaxRetries,
-		MinRetryBackoff:         o.MinRetryBackoff,
-		MaxRetryBackoff:         o.MaxRetryBackoff,
-		DialTimeout:             o.DialTimeout,
-		DialerRetries:           o.DialerRetries,
-		DialerRetryTimeout:      o.DialerRetryTimeout,
-		ReadTimeout:             o.ReadTimeout,
-		WriteTimeout:            o.WriteTimeout,
-		ContextTimeoutEnabled:   o.ContextTimeoutEnabled,
-		ReadBufferSize:          o.ReadBufferSize,
-		WriteBufferSize:         o.WriteBufferSize,
-		PipelineReadBufferSize:  o.PipelineReadBufferSize,
-		PipelineWriteBufferSize: o.PipelineWriteBufferSize,
-		PipelinePoolSize:        o.PipelinePoolSize,
-		PoolFIFO:                o.PoolFIFO,
-		PoolSize:                o.PoolSize,
-		MaxConcurrentDials:      o.MaxConcurrentDials,
-		PoolTimeout:             o.PoolTimeout,
-		MinIdleConns:            o.MinIdleConns,
-		MaxIdleConns:            o.MaxIdleConns,
-		MaxActiveConns:          o.MaxActiveConns,
-		ConnMaxIdleTime:         o.ConnMaxIdleTime,
-		ConnMaxLifetime:         o.ConnMaxLifetime,
-		ConnMaxLifetimeJitter:   o.ConnMaxLifetimeJitter,
-		TLSConfig:               o.TLSConfig,
-		DisableIdentity:         o.DisableIdentity,
-		IdentitySuffix:          o.IdentitySuffix,
-	}, nil
+	return redis.ParseURL((&url.URL{Scheme: scheme, Host: host, Path: path, RawQuery: query.Encode()}).String())
 }
 
-func cluster(scheme string, hosts []string, path string, query url.Values) (*redis.UniversalOptions, error) {
+func cluster(scheme string, hosts []string, path string, query url.Values) (*redis.ClusterOptions, error) {
 	if db := strings.Trim(path, "/"); db != "" && db != "0" {
 		return nil, fmt.Errorf("database %q: Redis Cluster has database 0 only", db)
 	}
@@ -182,48 +185,11 @@ func cluster(scheme string, hosts []string, path string, query url.Values) (*red
 	if err != nil {
 		return nil, err
 	}
-	return &redis.UniversalOptions{
-		IsClusterMode:           true,
-		Addrs:                   o.Addrs,
-		ClientName:              o.ClientName,
-		Protocol:                o.Protocol,
-		MaxRedirects:            o.MaxRedirects,
-		ReadOnly:                o.ReadOnly,
-		RouteByLatency:          o.RouteByLatency,
-		RouteByLatencyTolerance: o.RouteByLatencyTolerance,
-		RouteRandomly:           o.RouteRandomly,
-		MaxRetries:              o.MaxRetries,
-		MinRetryBackoff:         o.MinRetryBackoff,
-		MaxRetryBackoff:         o.MaxRetryBackoff,
-		DialTimeout:             o.DialTimeout,
-		DialerRetries:           o.DialerRetries,
-		DialerRetryTimeout:      o.DialerRetryTimeout,
-		ReadTimeout:             o.ReadTimeout,
-		WriteTimeout:            o.WriteTimeout,
-		ContextTimeoutEnabled:   o.ContextTimeoutEnabled,
-		ReadBufferSize:          o.ReadBufferSize,
-		WriteBufferSize:         o.WriteBufferSize,
-		PipelineReadBufferSize:  o.PipelineReadBufferSize,
-		PipelineWriteBufferSize: o.PipelineWriteBufferSize,
-		PipelinePoolSize:        o.PipelinePoolSize,
-		PoolFIFO:                o.PoolFIFO,
-		PoolSize:                o.PoolSize,
-		MaxConcurrentDials:      o.MaxConcurrentDials,
-		PoolTimeout:             o.PoolTimeout,
-		MinIdleConns:            o.MinIdleConns,
-		MaxIdleConns:            o.MaxIdleConns,
-		MaxActiveConns:          o.MaxActiveConns,
-		ConnMaxIdleTime:         o.ConnMaxIdleTime,
-		ConnMaxLifetime:         o.ConnMaxLifetime,
-		ConnMaxLifetimeJitter:   o.ConnMaxLifetimeJitter,
-		FailingTimeoutSeconds:   o.FailingTimeoutSeconds,
-		TLSConfig:               perHostTLS(o.TLSConfig),
-		DisableIdentity:         o.DisableIdentity,
-		IdentitySuffix:          o.IdentitySuffix,
-	}, nil
+	o.TLSConfig = perHostTLS(o.TLSConfig)
+	return o, nil
 }
 
-func sentinel(scheme string, hosts []string, path string, query url.Values) (*redis.UniversalOptions, error) {
+func sentinel(scheme string, hosts []string, path string, query url.Values) (*redis.FailoverOptions, error) {
 	segments := strings.FieldsFunc(path, func(r rune) bool { return r == '/' })
 	if len(segments) == 0 || len(segments) > 2 {
 		return nil, errors.New("the path must name the master, as in redis+sentinel://sentinel:26379/mymaster or /mymaster/0")
@@ -260,46 +226,9 @@ func sentinel(scheme string, hosts []string, path string, query url.Values) (*re
 	if err != nil {
 		return nil, err
 	}
-	return &redis.UniversalOptions{
-		MasterName:              o.MasterName,
-		Addrs:                   o.SentinelAddrs,
-		SentinelUsername:        sentinelUser,
-		SentinelPassword:        sentinelPassword,
-		ClientName:              o.ClientName,
-		DB:                      o.DB,
-		Protocol:                o.Protocol,
-		RouteByLatency:          o.RouteByLatency,
-		RouteByLatencyTolerance: o.RouteByLatencyTolerance,
-		RouteRandomly:           o.RouteRandomly,
-		MaxRetries:              o.MaxRetries,
-		MinRetryBackoff:         o.MinRetryBackoff,
-		MaxRetryBackoff:         o.MaxRetryBackoff,
-		DialTimeout:             o.DialTimeout,
-		DialerRetries:           o.DialerRetries,
-		DialerRetryTimeout:      o.DialerRetryTimeout,
-		ReadTimeout:             o.ReadTimeout,
-		WriteTimeout:            o.WriteTimeout,
-		ContextTimeoutEnabled:   o.ContextTimeoutEnabled,
-		ReadBufferSize:          o.ReadBufferSize,
-		WriteBufferSize:         o.WriteBufferSize,
-		PipelineReadBufferSize:  o.PipelineReadBufferSize,
-		PipelineWriteBufferSize: o.PipelineWriteBufferSize,
-		PipelinePoolSize:        o.PipelinePoolSize,
-		PoolFIFO:                o.PoolFIFO,
-		PoolSize:                o.PoolSize,
-		MaxConcurrentDials:      o.MaxConcurrentDials,
-		PoolTimeout:             o.PoolTimeout,
-		MinIdleConns:            o.MinIdleConns,
-		MaxIdleConns:            o.MaxIdleConns,
-		MaxActiveConns:          o.MaxActiveConns,
-		ConnMaxIdleTime:         o.ConnMaxIdleTime,
-		ConnMaxLifetime:         o.ConnMaxLifetime,
-		ConnMaxLifetimeJitter:   o.ConnMaxLifetimeJitter,
-		TLSConfig:               perHostTLS(o.TLSConfig),
-		DisableIdentity:         o.DisableIdentity,
-		IdentitySuffix:          o.IdentitySuffix,
-		UnstableResp3:           o.UnstableResp3,
-	}, nil
+	o.SentinelUsername, o.SentinelPassword = sentinelUser, sentinelPassword
+	o.TLSConfig = perHostTLS(o.TLSConfig)
+	return o, nil
 }
 
 // perHostTLS clears the server name go-redis takes from the first host in

@@ -38,6 +38,8 @@ func TestRedisOptions(t *testing.T) {
 		{"redis+sentinel://s1:26379,s2:26380,s3/mymaster", want{addrs: []string{"s1:26379", "s2:26380", "s3:26379"}, master: "mymaster", client: "*redis.Client"}},
 		{"redis+sentinel://:pw@s1/mymaster/2?sentinel_password=spw", want{addrs: []string{"s1:26379"}, master: "mymaster", db: 2, password: "pw", sentinelPassword: "spw", client: "*redis.Client"}},
 		{"rediss+sentinel://s1:26379/mymaster?skip_verify=true", want{addrs: []string{"s1:26379"}, master: "mymaster", tls: true, client: "*redis.Client"}},
+		// As redis.NewUniversalClient: a Sentinel client routing reads to replicas is a cluster client.
+		{"redis+sentinel://s1/mymaster?route_randomly=true", want{addrs: []string{"s1:26379"}, master: "mymaster", client: "*redis.ClusterClient"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.url, func(t *testing.T) {
@@ -45,10 +47,11 @@ func TestRedisOptions(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			o, err := c.RedisOptions()
+			opts, err := c.RedisOptions()
 			if err != nil {
 				t.Fatal(err)
 			}
+			o := universal(opts)
 			w := tt.want
 			if !slices.Equal(o.Addrs, w.addrs) || o.DB != w.db || o.MasterName != w.master || o.IsClusterMode != w.cluster ||
 				o.Username != w.user || o.Password != w.password || o.SentinelPassword != w.sentinelPassword || (o.TLSConfig != nil) != w.tls {
@@ -63,18 +66,18 @@ func TestRedisOptions(t *testing.T) {
 					t.Errorf("InsecureSkipVerify = %v", o.TLSConfig.InsecureSkipVerify)
 				}
 			}
-			// NewUniversalClient dials lazily; this only checks which client the options select.
-			client := redis.NewUniversalClient(o)
+			// Clients dial lazily; this only checks which client the options select.
+			client := opts.NewClient()
 			defer client.Close()
 			if got := reflect.TypeOf(client).String(); got != w.client {
-				t.Errorf("NewUniversalClient returned %s, want %s", got, w.client)
+				t.Errorf("NewClient returned %s, want %s", got, w.client)
 			}
 		})
 	}
 }
 
-// Every option go-redis' URL parsers accept must survive the trip through
-// UniversalOptions to the options the client is finally built from.
+// Every option go-redis' URL parsers accept must reach the options the
+// client is built from.
 func TestRedisOptionsKeepLibraryOptions(t *testing.T) {
 	common := "client_name=klaxon&protocol=3&max_retries=7&min_retry_backoff=9ms&max_retry_backoff=1s" +
 		"&dial_timeout=2s&read_timeout=4s&write_timeout=6s&pool_fifo=true&pool_size=33&pool_timeout=8s" +
@@ -91,9 +94,7 @@ func TestRedisOptionsKeepLibraryOptions(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := o.Simple()
-		lib.Network = "" // set by Options.init for a client built from UniversalOptions
-		compareOptions(t, got, lib)
+		compareOptions(t, o.Single, lib)
 	})
 
 	t.Run("cluster", func(t *testing.T) {
@@ -108,7 +109,7 @@ func TestRedisOptionsKeepLibraryOptions(t *testing.T) {
 		}
 		lib.TLSConfig.ServerName = ""
 		lib.TLSConfig.MinVersion = tls.VersionTLS12
-		compareOptions(t, o.Cluster(), lib)
+		compareOptions(t, o.Cluster, lib)
 	})
 
 	t.Run("sentinel", func(t *testing.T) {
@@ -123,8 +124,24 @@ func TestRedisOptionsKeepLibraryOptions(t *testing.T) {
 			t.Fatal(err)
 		}
 		lib.TLSConfig.ServerName = ""
-		compareOptions(t, o.Failover(), lib)
+		compareOptions(t, o.Failover, lib)
 	})
+}
+
+// universal gathers what TestRedisOptions checks of whichever options o
+// holds, in go-redis' UniversalOptions.
+func universal(o *RedisOptions) redis.UniversalOptions {
+	switch {
+	case o.Cluster != nil:
+		c := o.Cluster
+		return redis.UniversalOptions{Addrs: c.Addrs, IsClusterMode: true, Username: c.Username, Password: c.Password, TLSConfig: c.TLSConfig}
+	case o.Failover != nil:
+		f := o.Failover
+		return redis.UniversalOptions{Addrs: f.SentinelAddrs, DB: f.DB, MasterName: f.MasterName, Username: f.Username, Password: f.Password,
+			SentinelPassword: f.SentinelPassword, TLSConfig: f.TLSConfig}
+	}
+	s := o.Single
+	return redis.UniversalOptions{Addrs: []string{s.Addr}, DB: s.DB, Username: s.Username, Password: s.Password, TLSConfig: s.TLSConfig}
 }
 
 // compareOptions compares two go-redis option structs field by field, so

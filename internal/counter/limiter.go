@@ -75,8 +75,21 @@ func (l *Limiter) Allow(ctx context.Context, key string, limits ...Limit) (Decis
 		state += strconv.FormatInt(lim.Per.Milliseconds(), 10)
 	}
 	r, err := l.script.Run(ctx, l.rdb, []string{state}, args...).Int64Slice()
+	var d Decision
+	if err == nil {
+		d, err = decodeLimit(r)
+	}
 	if err != nil {
 		return Decision{}, fmt.Errorf("rate limit %s: %w", key, err)
+	}
+	return d, nil
+}
+
+// decodeLimit reads limit.lua's reply, {allowed (1 or 0), retry after in
+// ms}; another shape is an error rather than a panic.
+func decodeLimit(r []int64) (Decision, error) {
+	if len(r) != 2 || (r[0] != 0 && r[0] != 1) {
+		return Decision{}, fmt.Errorf("limit.lua: unexpected reply %v", r)
 	}
 	return Decision{Allowed: r[0] == 1, RetryAfter: time.Duration(r[1]) * time.Millisecond}, nil
 }

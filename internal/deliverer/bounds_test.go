@@ -10,6 +10,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
+	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
 // messages is a provider that keeps every message it accepts.
@@ -27,7 +28,7 @@ func (m *messages) Notify(_ context.Context, _ string, msg *notify.Message) (boo
 
 // gatherMany passes n firings of one rule and channel through a one-hour
 // minPeriod, then ends the minPeriod and flushes the digest once.
-func gatherMany(t *testing.T, d *Deliverer, n int) (flush *Job, pendingFields int64) {
+func gatherMany(t *testing.T, d *Deliverer, n int) (flush *wire.Job, pendingFields int64) {
 	t.Helper()
 	ctx := context.Background()
 	for i := range n {
@@ -36,10 +37,10 @@ func gatherMany(t *testing.T, d *Deliverer, n int) (flush *Job, pendingFields in
 			t.Fatal(err)
 		}
 	}
-	flush = flushJob(&Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: time.Hour.Milliseconds(), ProjectID: "p", RuleID: "r"})
-	keys := d.digestKeys(flush)
-	pendingFields = d.rdb.HLen(ctx, keys[1]).Val()
-	if err := d.rdb.HSet(ctx, keys[0], "last", 0).Err(); err != nil {
+	flush = flushJob(&wire.Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: time.Hour.Milliseconds(), ProjectID: "p", RuleID: "r"})
+	keys := d.minPeriodKeys(flush)
+	pendingFields = d.rdb.HLen(ctx, keys.pending).Val()
+	if err := d.rdb.HSet(ctx, keys.state, "last", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.deliverDigest(ctx, flush, "tok"); err != nil {
@@ -107,8 +108,8 @@ func TestRedeliveredOmittedJobCountsOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	flush := flushJob(&Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: time.Hour.Milliseconds(), ProjectID: "p", RuleID: "r"})
-	d.rdb.HSet(ctx, d.digestKeys(flush)[0], "last", 0)
+	flush := flushJob(&wire.Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: time.Hour.Milliseconds(), ProjectID: "p", RuleID: "r"})
+	d.rdb.HSet(ctx, d.minPeriodKeys(flush).state, "last", 0)
 	if err := d.deliverDigest(ctx, flush, "tok"); err != nil {
 		t.Fatal(err)
 	}

@@ -30,6 +30,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/notify/webhook"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/testenv"
+	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
 // recorder is a provider that accepts everything and notes when.
@@ -79,7 +80,8 @@ func startDelivererWith(t *testing.T, cfg Config, channels map[string]notify.Cha
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pub.Close() })
-	d := New(cfg, channels, testenv.Redis(t), pub, log, metrics.New(prometheus.NewRegistry()))
+	cfg.Redis, cfg.Publisher, cfg.Channels, cfg.Logger, cfg.Metrics = testenv.Redis(t), pub, channels, log, metrics.New(prometheus.NewRegistry())
+	d := New(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := d.Declare(ctx, pub); err != nil {
 		t.Fatal(err)
@@ -102,7 +104,7 @@ func startDelivererWith(t *testing.T, cfg Config, channels map[string]notify.Cha
 
 func job(t *testing.T, id string) queue.Message {
 	t.Helper()
-	body, err := json.Marshal(Job{
+	body, err := json.Marshal(wire.Job{
 		Channel: "slack", Endpoint: "https://hooks.example/T1", ProjectID: "p", RuleID: "r",
 		Notification: &notify.Notification{ID: id, Type: notify.TypeNew, FiredAt: time.Now()},
 	})
@@ -179,7 +181,7 @@ func TestPickDelay(t *testing.T) {
 }
 
 func TestDigestIDFollowsContent(t *testing.T) {
-	j := &Job{ProjectID: "p", RuleID: "r"}
+	j := &wire.Job{ProjectID: "p", RuleID: "r"}
 	a := digestMessage(j, []notify.Notification{{ID: "x"}, {ID: "y"}}, 0)
 	b := digestMessage(j, []notify.Notification{{ID: "x"}, {ID: "y"}}, 0)
 	c := digestMessage(j, []notify.Notification{{ID: "x"}, {ID: "z"}}, 0)
@@ -215,7 +217,7 @@ func TestShortRetryAfterKeepsTheBackoff(t *testing.T) {
 	// No pacing, so that only the retry delay spaces the tries.
 	pub, d := startDeliverer(t, Config{Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"webhook": ch})
 	q := d.Queue()
-	body, err := json.Marshal(Job{
+	body, err := json.Marshal(wire.Job{
 		Channel: "webhook", Endpoint: "https://hooks.example/T1", ProjectID: "p", RuleID: "r",
 		Notification: &notify.Notification{ID: "n1", Type: notify.TypeNew, FiredAt: time.Now()},
 	})
@@ -249,7 +251,7 @@ func TestShortRetryAfterKeepsTheBackoff(t *testing.T) {
 func TestLongRetryAfterIsHonoured(t *testing.T) {
 	ch := &flaky{retryAfter: time.Hour, tried: make(chan struct{}, 16)}
 	pub, d := startDeliverer(t, Config{Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"webhook": ch})
-	body, err := json.Marshal(Job{
+	body, err := json.Marshal(wire.Job{
 		Channel: "webhook", Endpoint: "https://hooks.example/T1", ProjectID: "p", RuleID: "r",
 		Notification: &notify.Notification{ID: "n1", Type: notify.TypeNew, FiredAt: time.Now()},
 	})
@@ -331,18 +333,18 @@ func TestSettledDigestLeavesTheNextInFlight(t *testing.T) {
 	ctx := context.Background()
 	rdb, world := testenv.Redis(t), testenv.Redis(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	d := New(Config{Prefix: testenv.KeyPrefix(t)}, map[string]notify.Channel{"slack": &recorder{}},
-		rdb, nil, log, metrics.New(prometheus.NewRegistry()))
-	flush := &Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 60_000, ProjectID: "p", RuleID: "r"}
-	keys := d.digestKeys(flush)
+	d := New(Config{Prefix: testenv.KeyPrefix(t),
+		Redis: rdb, Publisher: nil, Channels: map[string]notify.Channel{"slack": &recorder{}}, Logger: log, Metrics: metrics.New(prometheus.NewRegistry())})
+	flush := &wire.Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 60_000, ProjectID: "p", RuleID: "r"}
+	keys := d.minPeriodKeys(flush)
 	pend := func(id string) {
 		t.Helper()
-		body, err := json.Marshal(Job{Channel: "slack", ProjectID: "p", RuleID: "r",
+		body, err := json.Marshal(wire.Job{Channel: "slack", ProjectID: "p", RuleID: "r",
 			Notification: &notify.Notification{ID: id, Type: notify.TypeNew, FiredAt: time.Now()}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := world.HSet(ctx, keys[1], id, body).Err(); err != nil {
+		if err := world.HSet(ctx, keys.pending, id, body).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -353,18 +355,18 @@ func TestSettledDigestLeavesTheNextInFlight(t *testing.T) {
 	}
 	// Between this worker's flush (which reads n1's digest) and its claim,
 	// that worker drops n1's digest and, a minPeriod later, flushes n2's.
-	rdb.AddHook(&atScript{sha: d.flush.Hash(), after: true, then: func() {
-		world.Del(ctx, keys[2])
+	rdb.AddHook(&atScript{sha: d.scripts.flush.Hash(), after: true, then: func() {
+		world.Del(ctx, keys.inflight)
 		pend("n2")
-		world.HSet(ctx, keys[0], "last", 0)
-		if err := d.flush.Run(ctx, world, keys, flush.MinPeriod).Err(); err != nil {
+		world.HSet(ctx, keys.state, "last", 0)
+		if err := d.scripts.flush.Run(ctx, world, []string{keys.state, keys.pending, keys.inflight}, flush.MinPeriod).Err(); err != nil {
 			t.Error(err)
 		}
 	}})
 	if err := d.deliverDigest(ctx, flush, "token"); err != nil {
 		t.Fatal(err)
 	}
-	if ids := world.HKeys(ctx, keys[2]).Val(); !slices.Contains(ids, "n2") {
+	if ids := world.HKeys(ctx, keys.inflight).Val(); !slices.Contains(ids, "n2") {
 		t.Fatalf("in flight after settling n1's digest: %v, want n2's digest still there", ids)
 	}
 
@@ -375,7 +377,7 @@ func TestSettledDigestLeavesTheNextInFlight(t *testing.T) {
 	if err := d.deliverDigest(ctx, flush, "token"); err != nil {
 		t.Fatal(err)
 	}
-	if n := world.Exists(ctx, keys[2]).Val(); n != 0 {
+	if n := world.Exists(ctx, keys.inflight).Val(); n != 0 {
 		t.Errorf("n2's digest still in flight after it was settled")
 	}
 }
@@ -468,7 +470,7 @@ func TestHungEndpointDoesNotDelayOtherNotifications(t *testing.T) {
 
 	jobTo := func(channel, endpoint, id string) queue.Message {
 		t.Helper()
-		body, err := json.Marshal(Job{
+		body, err := json.Marshal(wire.Job{
 			Channel: channel, Endpoint: endpoint, ProjectID: "p", RuleID: "r",
 			Notification: new(notifytest.Threshold(id, "Hung provider "+id, time.Now())),
 		})
@@ -529,26 +531,6 @@ func TestHungEndpointDoesNotDelayOtherNotifications(t *testing.T) {
 	}
 }
 
-func TestDecodeJobRefusesBadJobs(t *testing.T) {
-	for body, want := range map[string]string{
-		`{`: "not JSON",
-		`{"channel":"slack","endpoint":"https://x/","projectId":"p"}`:                                      "lacks",
-		`{"channel":"pager-` + strings.Repeat("x", 100) + `","endpoint":"e","projectId":"p","ruleId":"r"}`: "is not one of [email telegram slack webhook loop]",
-		`{"channel":"slack","endpoint":"e","projectId":"p","ruleId":"r","notification":{}}`:                "no id",
-	} {
-		_, err := DecodeJob([]byte(body))
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("DecodeJob(%.60s…) = %v, want an error saying %q", body, err, want)
-		}
-		if err != nil && strings.Contains(err.Error(), strings.Repeat("x", 50)) {
-			t.Errorf("the error repeats an unbounded channel name: %v", err)
-		}
-	}
-	if _, err := DecodeJob([]byte(`{"channel":"webhook","endpoint":"e","projectId":"p","ruleId":"r"}`)); err != nil {
-		t.Errorf("a good flush job: %v", err)
-	}
-}
-
 // With WaitReplicas, a claim or a record that no replica acknowledged
 // fails, so that the job is held and tried again rather than sent on a
 // claim, or acked on a record, that a Sentinel failover could lose; the
@@ -556,8 +538,8 @@ func TestDecodeJobRefusesBadJobs(t *testing.T) {
 func TestWaitReplicasFailsClaimsAndRecordsWithoutReplicas(t *testing.T) {
 	ctx := context.Background()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	d := New(Config{Prefix: testenv.KeyPrefix(t), WaitReplicas: 1, WaitTimeout: 10 * time.Millisecond},
-		map[string]notify.Channel{"slack": &recorder{}}, testenv.Redis(t), nil, log, metrics.New(prometheus.NewRegistry()))
+	d := New(Config{Prefix: testenv.KeyPrefix(t), WaitReplicas: 1, WaitTimeout: 10 * time.Millisecond,
+		Redis: testenv.Redis(t), Publisher: nil, Channels: map[string]notify.Channel{"slack": &recorder{}}, Logger: log, Metrics: metrics.New(prometheus.NewRegistry())})
 	key := d.claimKey("n1:slack")
 	if _, _, err := d.claim(ctx, key, "c:token"); err == nil || !strings.Contains(err.Error(), "0 of 1 replicas") {
 		t.Errorf("claim without replicas: %v, want an error saying no replica acknowledged", err)

@@ -162,18 +162,18 @@ func (s *destinations) busyFor(oldest, now time.Time) time.Duration {
 	return min(max(now.Sub(oldest), 100*time.Millisecond), s.probeFor)
 }
 
-// An outcome of a send, for the circuit.
-type outcome int
+// What an endpoint did with a send, for the circuit.
+type answer int
 
 const (
-	answered outcome = iota // the endpoint answered (well or not)
-	timedOut                // it did not answer in time
-	unknown                 // the send was cut short by the worker: says nothing of the endpoint
+	answered answer = iota // the endpoint answered (well or not)
+	timedOut               // it did not answer in time
+	unknown                // the send was cut short by the worker: says nothing of the endpoint
 )
 
 // leave gives a slot back with the send's outcome at now, and returns the
 // circuit's new state when that changed it, else "".
-func (s *destinations) leave(sl *slot, o outcome, now time.Time) string {
+func (s *destinations) leave(sl *slot, o answer, now time.Time) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.projects[sl.project]--; s.projects[sl.project] <= 0 {

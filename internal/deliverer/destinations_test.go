@@ -44,7 +44,7 @@ func TestSendsInFlightBoundedPerDestinationAndProject(t *testing.T) {
 func TestCircuitOpensOnTimeoutsAndProbes(t *testing.T) {
 	s := newDestinations(8, 64, 3, 30*time.Second, 10*time.Second)
 	now := time.Now()
-	send := func(o outcome) string {
+	send := func(o answer) string {
 		t.Helper()
 		v := s.enter("slack:x", "p", now)
 		if v.slot == nil {

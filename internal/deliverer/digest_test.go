@@ -18,18 +18,19 @@ import (
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/testenv"
+	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
 // throttledJob is a firing for a Slack channel with a minPeriod.
-func throttledJob(t *testing.T, id string, minPeriod time.Duration) Job {
+func throttledJob(t *testing.T, id string, minPeriod time.Duration) wire.Job {
 	t.Helper()
-	return Job{
+	return wire.Job{
 		Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: minPeriod.Milliseconds(), ProjectID: "p", RuleID: "r",
 		Notification: &notify.Notification{ID: id, Type: notify.TypeNew, FiredAt: time.Now()},
 	}
 }
 
-func publishJobs(t *testing.T, pub *queue.Publisher, q string, jobs ...Job) {
+func publishJobs(t *testing.T, pub *queue.Publisher, q string, jobs ...wire.Job) {
 	t.Helper()
 	var msgs []queue.Message
 	for _, j := range jobs {
@@ -88,8 +89,8 @@ func TestRedeliveredGatheredJobNotSentAgain(t *testing.T) {
 	// The worker that gathered one of the digest's firings died before its
 	// record: none is there.
 	ctx := context.Background()
-	var gathered *Job
-	for _, j := range []*Job{&n1, &n2, &n3} {
+	var gathered *wire.Job
+	for _, j := range []*wire.Job{&n1, &n2, &n3} {
 		if d.rdb.Get(ctx, d.claimKey(j.Key())).Val() == "digested" {
 			gathered = j
 		}
@@ -111,8 +112,8 @@ func TestRedeliveredGatheredJobNotSentAgain(t *testing.T) {
 func newTestDeliverer(t *testing.T, prefix string, rdb redis.UniversalClient, pub *queue.Publisher, ch notify.Channel) *Deliverer {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	return New(Config{Prefix: prefix, Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": ch},
-		rdb, pub, log, metrics.New(prometheus.NewRegistry()))
+	return New(Config{Prefix: prefix, Limits: map[string][]counter.Limit{},
+		Redis: rdb, Publisher: pub, Channels: map[string]notify.Channel{"slack": ch}, Logger: log, Metrics: metrics.New(prometheus.NewRegistry())})
 }
 
 // Two flush jobs read the same digest in flight: one sends it, the other
@@ -126,30 +127,30 @@ func TestFlushTakenByADigestInFlightStillFlushes(t *testing.T) {
 	a := newTestDeliverer(t, base.cfg.Prefix, testenv.Redis(t), pub, rec)
 	b := newTestDeliverer(t, base.cfg.Prefix, testenv.Redis(t), pub, rec)
 	world := testenv.Redis(t)
-	flush := &Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 60_000, ProjectID: "p", RuleID: "r"}
-	keys := a.digestKeys(flush)
+	flush := &wire.Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 60_000, ProjectID: "p", RuleID: "r"}
+	keys := a.minPeriodKeys(flush)
 	pend := func(id string) {
 		t.Helper()
 		body, err := json.Marshal(throttledJob(t, id, time.Minute))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := world.HSet(ctx, keys[1], id, body).Err(); err != nil {
+		if err := world.HSet(ctx, keys.pending, id, body).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// n1's digest is in flight, its minPeriod over; n2 was gathered since,
 	// its flush scheduled: that is the job b runs.
 	pend("n1")
-	if err := a.flush.Run(ctx, world, keys, flush.MinPeriod).Err(); err != nil {
+	if err := a.scripts.flush.Run(ctx, world, []string{keys.state, keys.pending, keys.inflight}, flush.MinPeriod).Err(); err != nil {
 		t.Fatal(err)
 	}
 	pend("n2")
-	world.HSet(ctx, keys[0], "last", 0, "sched", 1)
+	world.HSet(ctx, keys.state, "last", 0, "sched", 1)
 
 	// a sends n1's digest; b reads it and claims it between a's record and
 	// a's drop.
-	a.rdb.AddHook(&atScript{sha: a.drop.Hash(), then: func() {
+	a.rdb.AddHook(&atScript{sha: a.scripts.drop.Hash(), then: func() {
 		if err := b.deliverDigest(ctx, flush, "b"); err != nil {
 			t.Error(err)
 		}
@@ -161,7 +162,7 @@ func TestFlushTakenByADigestInFlightStillFlushes(t *testing.T) {
 	// deliverer running on these queues.
 	if ids := sentIDs(t, rec, 2, 500*time.Millisecond); !slices.Equal(ids, []string{"n1", "n2"}) {
 		t.Errorf("sent %v, want n1's digest, then n2's: n2 is pending with no flush to come (state %v)",
-			ids, world.HGetAll(ctx, keys[0]).Val())
+			ids, world.HGetAll(ctx, keys.state).Val())
 	}
 }
 
@@ -176,7 +177,8 @@ func declaredDeliverer(t *testing.T, cfg Config, channels map[string]notify.Chan
 	}
 	t.Cleanup(func() { pub.Close() })
 	cfg.Prefix = testenv.KeyPrefix(t)
-	d := New(cfg, channels, testenv.Redis(t), pub, log, metrics.New(prometheus.NewRegistry()))
+	cfg.Redis, cfg.Publisher, cfg.Channels, cfg.Logger, cfg.Metrics = testenv.Redis(t), pub, channels, log, metrics.New(prometheus.NewRegistry())
+	d := New(cfg)
 	if err := d.Declare(context.Background(), pub); err != nil {
 		t.Fatal(err)
 	}
@@ -204,15 +206,15 @@ func TestDigestRetryDoesNotSpendTheNextDigestsAttempts(t *testing.T) {
 	ctx := context.Background()
 	ch := &flaky{tried: make(chan struct{}, 16)}
 	_, d := declaredDeliverer(t, Config{MaxAttempts: 2, Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": ch})
-	flush := &Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 60_000, ProjectID: "p", RuleID: "r"}
-	keys := d.digestKeys(flush)
+	flush := &wire.Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 60_000, ProjectID: "p", RuleID: "r"}
+	keys := d.minPeriodKeys(flush)
 	pend := func(id string) {
 		t.Helper()
 		body, err := json.Marshal(throttledJob(t, id, time.Minute))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := d.rdb.HSet(ctx, keys[1], id, body).Err(); err != nil {
+		if err := d.rdb.HSet(ctx, keys.pending, id, body).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -221,7 +223,7 @@ func TestDigestRetryDoesNotSpendTheNextDigestsAttempts(t *testing.T) {
 	if err := d.deliverDigest(ctx, flush, "a"); err != nil {
 		t.Fatal(err)
 	}
-	retry, err := DecodeJob(takeOne(t, d.Queue()))
+	retry, err := wire.DecodeJob(takeOne(t, d.Queue()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,9 +232,9 @@ func TestDigestRetryDoesNotSpendTheNextDigestsAttempts(t *testing.T) {
 	if err := d.record(ctx, d.claimKey("n1:slack:digest"), "sent"); err != nil {
 		t.Fatal(err)
 	}
-	d.rdb.Del(ctx, keys[2])
+	d.rdb.Del(ctx, keys.inflight)
 	pend("n2")
-	d.rdb.HSet(ctx, keys[0], "last", 0)
+	d.rdb.HSet(ctx, keys.state, "last", 0)
 
 	if err := d.deliverDigest(ctx, &retry, "b"); err != nil {
 		t.Fatal(err)

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
 // Delivery is what the deliverer recorded of one firing on one channel,
@@ -40,22 +42,22 @@ func Inspect(ctx context.Context, rdb redis.UniversalClient, prefix, projectID, 
 		if err != nil {
 			return nil, fmt.Errorf("read delivery of %s on %s: %w", id, ch, err)
 		}
-		if len(state) > 2 && state[:2] == "c:" {
+		if isClaimToken(state) {
 			state = "sending"
 		}
 		out[i].State = state
 		if state != "digested" {
 			continue
 		}
-		keys := d.digestKeys(&Job{ProjectID: projectID, RuleID: ruleID, Channel: ch})
-		pending, err := rdb.HExists(ctx, keys[1], id).Result()
+		keys := d.minPeriodKeys(&wire.Job{ProjectID: projectID, RuleID: ruleID, Channel: ch})
+		pending, err := rdb.HExists(ctx, keys.pending, id).Result()
 		if err != nil {
 			return nil, fmt.Errorf("read digest of rule %s on %s: %w", ruleID, ch, err)
 		}
 		if !pending {
 			continue
 		}
-		sched, err := rdb.HGet(ctx, keys[0], "sched").Result()
+		sched, err := rdb.HGet(ctx, keys.state, "sched").Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			return nil, fmt.Errorf("read digest of rule %s on %s: %w", ruleID, ch, err)
 		}

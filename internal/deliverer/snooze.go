@@ -2,7 +2,6 @@ package deliverer
 
 import (
 	"context"
-	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/snooze"
+	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
 // Snoozes (klaxon snooze) are honoured here, where jobs are sent, rather
@@ -25,9 +25,6 @@ import (
 // deliverer's own kind, with its claim, retries, pacing and failed queue.
 // Firings a minPeriod digest gathered before the snooze began are sent
 // with their digest.
-
-//go:embed hold.lua
-var holdLua string
 
 // snoozePoll is the longest wait between checks of whether a snooze whose
 // firings are held has ended: a snooze removed early gets its summary
@@ -41,9 +38,9 @@ const heldFor = 48 * time.Hour
 // hold holds back a firing whose rule (or group) is snoozed: it is
 // recorded as snoozed, and kept for the snooze's summary. held false means
 // send it.
-func (d *Deliverer) hold(ctx context.Context, job *Job, key string) (held bool, err error) {
+func (d *Deliverer) hold(ctx context.Context, job *wire.Job, key string) (held bool, err error) {
 	n := job.Notification
-	now := time.Now()
+	now := d.now()
 	sn, err := snooze.New(d.rdb, d.cfg.Prefix).Active(ctx, job.ProjectID, job.RuleID, n.Event.GroupHash, now)
 	if err != nil || sn == nil {
 		return false, err
@@ -53,12 +50,16 @@ func (d *Deliverer) hold(ctx context.Context, job *Job, key string) (held bool, 
 		if err != nil {
 			return false, fmt.Errorf("encode notification: %w", err)
 		}
-		schedule, err := redis.NewScript(holdLua).Run(ctx, d.rdb, []string{d.heldKey(sn, job.Channel)}, n.ID, body,
-			d.cfg.DigestMaxFirings, (sn.Until.Sub(now) + heldFor).Milliseconds()).Int()
+		r, err := d.scripts.hold.Run(ctx, d.rdb, []string{d.heldKey(sn, job.Channel)}, n.ID, body,
+			d.cfg.DigestMaxFirings, (sn.Until.Sub(now) + heldFor).Milliseconds()).Int64()
+		var schedule bool
+		if err == nil {
+			schedule, err = decodeHold(r)
+		}
 		if err != nil {
 			return false, fmt.Errorf("hold %s for the snooze of rule %s: %w", n.ID, job.RuleID, err)
 		}
-		if schedule == 1 {
+		if schedule {
 			if err := d.schedule(ctx, summaryJob(job, sn), min(sn.Until.Sub(now), snoozePoll), false); err != nil {
 				return false, err
 			}
@@ -77,16 +78,16 @@ func (d *Deliverer) heldKey(sn *snooze.Snooze, channel string) string {
 
 // summaryJob is the job that sends, once sn ended, what it held on job's
 // channel.
-func summaryJob(job *Job, sn *snooze.Snooze) *Job {
-	return &Job{Channel: job.Channel, Endpoint: job.Endpoint, ProjectID: job.ProjectID, RuleID: job.RuleID, Snooze: sn}
+func summaryJob(job *wire.Job, sn *snooze.Snooze) *wire.Job {
+	return &wire.Job{Channel: job.Channel, Endpoint: job.Endpoint, ProjectID: job.ProjectID, RuleID: job.RuleID, Snooze: sn}
 }
 
 // deliverSummary sends what a snooze held back on a channel, as one
 // digest with an id derived from the snooze, once the snooze has ended
 // (run out, removed, or replaced by a new one); until then it checks back.
-func (d *Deliverer) deliverSummary(ctx context.Context, job *Job, token string) error {
+func (d *Deliverer) deliverSummary(ctx context.Context, job *wire.Job, token string) error {
 	sn := job.Snooze
-	now := time.Now()
+	now := d.now()
 	cur, err := snooze.New(d.rdb, d.cfg.Prefix).Get(ctx, sn.ProjectID, sn.RuleID, sn.GroupHash)
 	if err != nil {
 		return err
@@ -119,23 +120,32 @@ func (d *Deliverer) deliverSummary(ctx context.Context, job *Job, token string) 
 	}
 	slices.SortFunc(msg.Notifications, cmpTimeThenID)
 	key := d.claimKey(msg.ID + ":" + job.Channel)
-	cleanup := func(ctx context.Context) error {
+	// Once the summary is recorded, what the snooze held goes.
+	cleanup := func() error {
 		if err := d.rdb.Del(ctx, heldKey).Err(); err != nil && !errors.Is(err, redis.Nil) {
 			return fmt.Errorf("drop what the snooze of rule %s held: %w", sn.RuleID, err)
 		}
 		return nil
 	}
-	if ok, err := d.settled(ctx, key, cleanup); ok {
-		return err
+	if ok, err := d.settled(ctx, key); ok {
+		if err != nil {
+			return err
+		}
+		return cleanup()
 	}
 	state, wait, err := d.claim(ctx, key, token)
 	switch {
 	case err != nil:
 		return err
 	case state == done:
-		return cleanup(ctx)
+		return cleanup()
 	case state == busy:
 		return d.schedule(ctx, job, wait, true)
 	}
-	return d.send(ctx, job, key, msg, func(ctx context.Context) error { return d.rdb.Del(ctx, key).Err() }, cleanup)
+	ctx, cancel := withGrace(ctx, sendGrace)
+	defer cancel()
+	if recorded, err := d.deliverMessage(ctx, job, key, msg); !recorded {
+		return err
+	}
+	return cleanup()
 }

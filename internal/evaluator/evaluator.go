@@ -18,17 +18,14 @@ import (
 	"time"
 
 	"github.com/klaxonhq/klaxon/internal/counter"
-	"github.com/klaxonhq/klaxon/internal/deliverer"
 	"github.com/klaxonhq/klaxon/internal/event"
 	"github.com/klaxonhq/klaxon/internal/events"
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/wire"
 )
-
-// ErrorHeader is the header of a dead letter that says what was wrong.
-const ErrorHeader = "x-klaxon-error"
 
 // Rules gives the matcher of a project's enabled rules (nil for none); the
 // hot path calls it per event. Before the first load (the store unreachable
@@ -107,7 +104,7 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 		m, err := event.Decode(d.Body)
 		if err != nil {
 			dl := d.Message(e.DeadQueue)
-			dl.Headers[ErrorHeader] = err.Error()
+			dl.Headers[wire.ErrorHeader] = err.Error()
 			out = append(out, dl)
 			tally[outDead]++
 			e.Log.Warn("dead-lettered a message", "queue", e.DeadQueue, "message_id", d.MessageID, "error", err)
@@ -388,7 +385,7 @@ func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result
 			n.History = &notify.History{TotalCount: g.TotalCount, FirstSeen: g.FirstSeen, DaysRepeated: g.DaysRepeated, TopFrame: g.TopFrame}
 		}
 		for _, c := range rule.Channels {
-			job := deliverer.Job{
+			job := wire.Job{
 				Channel: c.Name, Endpoint: c.Endpoint, MinPeriod: c.MinPeriod.Milliseconds(),
 				ProjectID: ev.ProjectID, RuleID: rule.ID, Notification: &n,
 			}

@@ -15,13 +15,13 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/klaxonhq/klaxon/internal/counter"
-	"github.com/klaxonhq/klaxon/internal/deliverer"
 	"github.com/klaxonhq/klaxon/internal/evaluator"
 	"github.com/klaxonhq/klaxon/internal/event"
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/store"
+	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
 const (
@@ -156,12 +156,12 @@ func TestHandleRoutesEveryKindOfMessage(t *testing.T) {
 		switch msg.RoutingKey {
 		case "events.dead":
 			dead++
-			if msg.Headers[evaluator.ErrorHeader] == nil || string(msg.Body) != "not json" {
+			if msg.Headers[wire.ErrorHeader] == nil || string(msg.Body) != "not json" {
 				t.Errorf("dead letter %+v", msg)
 			}
 		case "k.deliveries":
 			jobs++
-			job, err := deliverer.DecodeJob(msg.Body)
+			job, err := wire.DecodeJob(msg.Body)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -331,7 +331,7 @@ func TestLongTitleMatchedWhole(t *testing.T) {
 		t.Errorf("counted %q, want %q", got, want)
 	}
 	for _, msg := range pub.msgs {
-		job, err := deliverer.DecodeJob(msg.Body)
+		job, err := wire.DecodeJob(msg.Body)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -357,7 +357,7 @@ func TestUpperCaseProjectIDCountsWithLowerCase(t *testing.T) {
 	if got := fc.calls[0][0].ProjectID; got != project {
 		t.Errorf("counted under project %q, want %q", got, project)
 	}
-	job, err := deliverer.DecodeJob(pub.msgs[0].Body)
+	job, err := wire.DecodeJob(pub.msgs[0].Body)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -399,7 +399,7 @@ func TestHawkRuleWithEmptyEnabledChannelNotifiesTheOthers(t *testing.T) {
 	}
 	var channels []string
 	for _, msg := range pub.msgs {
-		job, err := deliverer.DecodeJob(msg.Body)
+		job, err := wire.DecodeJob(msg.Body)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -433,7 +433,7 @@ func TestLongRepetitionIDIsBounded(t *testing.T) {
 	}
 	var reps []string
 	for _, msg := range pub.msgs {
-		job, err := deliverer.DecodeJob(msg.Body)
+		job, err := wire.DecodeJob(msg.Body)
 		if err != nil {
 			t.Fatal(err)
 		}

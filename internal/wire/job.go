@@ -1,7 +1,9 @@
-// Package deliverer sends notifications: it consumes delivery jobs, sends
-// each firing exactly once per channel, retries what failed with backoff,
-// and gathers firings inside a channel's minPeriod into one digest.
-package deliverer
+// Package wire is what Klaxon's two stages say to each other through the
+// broker: the delivery job the evaluator publishes and the deliverer
+// consumes, the names of the queues both use, and the header of what they
+// set aside (docs/contract.md §6). It belongs to neither stage, so that
+// either can change without reaching into the other.
+package wire
 
 import (
 	"encoding/json"

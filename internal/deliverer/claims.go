@@ -1,0 +1,154 @@
+package deliverer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// A message's claim key records its delivery on a channel: while a
+// deliverer sends it, a claim token (claimTokenPrefix, the deliverer's
+// instance and the delivery tag); then its outcome, "sent", "failed",
+// "digested", "omitted" or "snoozed", for Keep.
+
+// claimTokenPrefix starts every claim token, so that a claim is told from
+// an outcome.
+const claimTokenPrefix = "c:"
+
+// Outcomes of a claim.
+const (
+	claimed = iota // ours to send
+	done           // sent, digested or failed before
+	busy           // another deliverer holds it
+)
+
+// claimKey is the Redis key recording a notification's delivery on a
+// channel; id is "<message id>:<channel>".
+func (d *Deliverer) claimKey(id string) string { return d.cfg.Prefix + ":sent:" + id }
+
+// claimToken is what this deliverer's claim of a delivery holds: the same
+// at every try of the delivery's batch, so that a try finds its own claim.
+func (d *Deliverer) claimToken(deliveryTag uint64) string {
+	return claimTokenPrefix + d.instance + ":" + strconv.FormatUint(deliveryTag, 10)
+}
+
+// isClaimToken reports whether a claim key's value is a claim in progress
+// rather than an outcome.
+func isClaimToken(v string) bool {
+	return len(v) > len(claimTokenPrefix) && strings.HasPrefix(v, claimTokenPrefix)
+}
+
+// claim marks a notification as being sent by us. A claim left by a crashed
+// deliverer expires after twice the send timeout. The value found and its
+// TTL are read in one transaction: read one after the other, the holder
+// could record the notification as sent in between, and the record's TTL
+// (Keep, 48 h) would be taken for the claim's, parking the job for the
+// longest retry delay.
+func (d *Deliverer) claim(ctx context.Context, key, token string) (int, time.Duration, error) {
+	var set *redis.StatusCmd
+	var ttl *redis.DurationCmd
+	err := d.replicated(ctx, func(rdb redis.Cmdable) error {
+		_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			set = p.SetArgs(ctx, key, token, redis.SetArgs{Mode: "NX", Get: true, TTL: 2 * d.cfg.SendTimeout})
+			ttl = p.PTTL(ctx, key)
+			return nil
+		})
+		if errors.Is(err, redis.Nil) {
+			err = nil // no claim before ours: set says so below
+		}
+		return err
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("claim %s: %w", key, err)
+	}
+	old, err := set.Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return claimed, 0, nil
+	case err != nil:
+		return 0, 0, fmt.Errorf("claim %s: %w", key, err)
+	case old == token:
+		return claimed, 0, nil // our own claim, from a failed try of this batch
+	case isClaimToken(old):
+		return busy, max(ttl.Val(), 0), nil
+	}
+	return done, 0, nil
+}
+
+// release drops our claim, so that the job, scheduled to come back, may be
+// claimed again.
+func (d *Deliverer) release(ctx context.Context, key string) error {
+	if err := d.rdb.Del(ctx, key).Err(); err != nil {
+		return fmt.Errorf("release claim %s: %w", key, err)
+	}
+	return nil
+}
+
+func (d *Deliverer) record(ctx context.Context, key, state string) error {
+	err := d.replicated(ctx, func(rdb redis.Cmdable) error { return rdb.Set(ctx, key, state, d.cfg.Keep).Err() })
+	if err != nil {
+		return fmt.Errorf("record %s as %s: %w", key, state, err)
+	}
+	return nil
+}
+
+// replicated runs write and, with Config.WaitReplicas, then waits until
+// that many replicas hold it. WAIT counts what its own connection wrote,
+// so both run on one connection taken from the pool.
+func (d *Deliverer) replicated(ctx context.Context, write func(redis.Cmdable) error) error {
+	client, single := d.rdb.(*redis.Client)
+	if d.cfg.WaitReplicas <= 0 || !single {
+		return write(d.rdb)
+	}
+	conn := client.Conn()
+	defer conn.Close()
+	if err := write(conn); err != nil {
+		return err
+	}
+	n, err := conn.Do(ctx, "WAIT", d.cfg.WaitReplicas, d.cfg.WaitTimeout.Milliseconds()).Int64()
+	if err == nil && n < int64(d.cfg.WaitReplicas) {
+		err = fmt.Errorf("%d of %d replicas acknowledged the write within %s", n, d.cfg.WaitReplicas, d.cfg.WaitTimeout)
+	}
+	return err
+}
+
+// unrecorded is an outcome this process could not record (Redis failed
+// right after a send).
+type unrecorded struct {
+	state string
+	at    time.Time
+}
+
+// remember keeps an outcome that could not be recorded, for settled.
+// Outcomes older than Keep are forgotten: their job went elsewhere.
+func (d *Deliverer) remember(key, state string) {
+	now := d.now()
+	d.unrecorded.Range(func(k, v any) bool {
+		if now.Sub(v.(unrecorded).at) > d.cfg.Keep {
+			d.unrecorded.Delete(k)
+		}
+		return true
+	})
+	d.unrecorded.Store(key, unrecorded{state: state, at: now})
+}
+
+// settled records the outcome of an earlier try of this job that could not
+// be recorded then. ok reports whether there was one: then the message is
+// done, and what it was made of may be cleaned up, once err is nil.
+func (d *Deliverer) settled(ctx context.Context, key string) (ok bool, err error) {
+	v, ok := d.unrecorded.Load(key)
+	if !ok {
+		return false, nil
+	}
+	if err := d.record(ctx, key, v.(unrecorded).state); err != nil {
+		return true, err
+	}
+	d.unrecorded.Delete(key)
+	d.log.Info("recorded a notification's outcome after Redis failed", "outcome", v.(unrecorded).state)
+	return true, nil
+}

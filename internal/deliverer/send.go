@@ -1,0 +1,314 @@
+package deliverer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/klaxonhq/klaxon/internal/netguard"
+	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/queue"
+	"github.com/klaxonhq/klaxon/internal/wire"
+)
+
+// outcome is what one send of a message came to. send decides it, settle
+// acts on it, and nothing else does either.
+type outcome struct {
+	kind outcomeKind
+	// err is why the message was not sent (outcomeRetry, outcomeFailed).
+	err error
+	// after is, for outcomeRetry, the least wait its provider asked for
+	// (a Retry-After; 0 for none), and for outcomeWait, the wait for the
+	// job's turn.
+	after time.Duration
+	// paced is set, for outcomeWait, when the turn is one reserved at the
+	// provider's pace; else the destination or the project had every send
+	// it may have in flight.
+	paced bool
+	// took is how long the send took, for the log.
+	took time.Duration
+}
+
+type outcomeKind int
+
+const (
+	outcomeSent   outcomeKind = iota // the provider took it
+	outcomeRetry                     // failed, worth trying again after a while
+	outcomeFailed                    // failed for good
+	outcomeWait                      // not tried: its turn comes after a while
+)
+
+// failure is the outcome of a failed attempt, as the channel judged it.
+func failure(retry bool, err error) outcome {
+	if !retry {
+		return outcome{kind: outcomeFailed, err: err}
+	}
+	o := outcome{kind: outcomeRetry, err: err}
+	var after notify.RetryAfter
+	if errors.As(err, &after) {
+		o.after = after.RetryAfter()
+	}
+	return o
+}
+
+// deliver sends one firing on one channel, once.
+func (d *Deliverer) deliver(ctx context.Context, job *wire.Job, token string) error {
+	n := job.Notification
+	key := d.claimKey(job.Key())
+	if ok, err := d.settled(ctx, key); ok {
+		return err
+	}
+	state, wait, err := d.claim(ctx, key, token)
+	if err != nil {
+		return err
+	}
+	switch state {
+	case done:
+		d.metrics.Notifications.WithLabelValues(job.Channel, "duplicate").Inc()
+		return nil
+	case busy:
+		return d.schedule(ctx, job, wait, true)
+	}
+	if held, err := d.hold(ctx, job, key); held || err != nil {
+		return err
+	}
+
+	if job.MinPeriod > 0 && !job.Throttled {
+		gathered, omitted, err := d.gather(ctx, job)
+		if err != nil {
+			return err
+		}
+		if omitted {
+			// Counted in the digest's "omitted", not listed: the digest
+			// is full.
+			d.metrics.Notifications.WithLabelValues(job.Channel, "omitted").Inc()
+			return d.record(ctx, key, "omitted")
+		}
+		if gathered {
+			d.metrics.Notifications.WithLabelValues(job.Channel, "digested").Inc()
+			return d.record(ctx, key, "digested")
+		}
+		job.Throttled = true
+	}
+
+	msg := &notify.Message{ID: n.ID, ProjectID: job.ProjectID, RuleID: job.RuleID, Notifications: []notify.Notification{*n}}
+	ctx, cancel := withGrace(ctx, sendGrace)
+	defer cancel()
+	_, err = d.deliverMessage(ctx, job, key, msg)
+	return err
+}
+
+// deliverMessage sends msg, claimed under key, and settles the outcome.
+// recorded reports that msg is now recorded as sent or failed: what it was
+// made of (a digest in flight, a snooze's held firings) may go.
+//
+// ctx ends when the broker channel that delivered the job dies, not only
+// when the worker stops. A send the provider may already have taken must
+// not be cut off then, nor its outcome go unrecorded: the job comes again,
+// and would be sent again. So callers give the send and what follows it
+// sendGrace after ctx ends (withGrace).
+func (d *Deliverer) deliverMessage(ctx context.Context, job *wire.Job, key string, msg *notify.Message) (recorded bool, err error) {
+	start := time.Now()
+	o, err := d.send(ctx, job, msg)
+	if err != nil {
+		return false, err
+	}
+	o.took = time.Since(start)
+	return d.settle(ctx, job, key, msg, o)
+}
+
+// send is one attempt of msg, if the job's destination, its project and
+// its provider's pace let it go now; else the outcome says when its turn
+// comes. A destination whose circuit is open fails at once with
+// errCircuitOpen. err is for what leaves the outcome unknown: Redis
+// failing, or ctx ending during the send (the provider may or may not have
+// the message).
+func (d *Deliverer) send(ctx context.Context, job *wire.Job, msg *notify.Message) (outcome, error) {
+	dest := destinationKey(job.Channel, job.Endpoint)
+	// Before the pace: a job kept away by the circuit must not take a turn.
+	if wait := d.dests.blocked(dest, d.now()); wait > 0 {
+		return failure(true, &errCircuitOpen{wait: wait}), nil
+	}
+	if wait, err := d.pace(ctx, job, dest); err != nil || wait > 0 {
+		return outcome{kind: outcomeWait, after: wait, paced: true}, err
+	}
+	v := d.dests.enter(dest, job.ProjectID, d.now())
+	d.circuitChanged(job, dest, v.change, false)
+	switch {
+	case v.busy:
+		return outcome{kind: outcomeWait, after: v.wait}, nil
+	case v.slot == nil:
+		return failure(true, &errCircuitOpen{wait: v.wait}), nil
+	}
+	ch, ok := d.channels[job.Channel]
+	if !ok {
+		d.dests.leave(v.slot, answered, d.now())
+		return failure(false, fmt.Errorf("channel %s is not configured on this worker", job.Channel)), nil
+	}
+	sctx, cancel := context.WithTimeout(ctx, d.cfg.SendTimeout)
+	retry, err := ch.Notify(sctx, job.Endpoint, msg)
+	o := answered
+	switch {
+	case ctx.Err() != nil:
+		o = unknown
+	case err != nil && (sctx.Err() != nil || isTimeout(err)):
+		o = timedOut
+	}
+	cancel()
+	d.circuitChanged(job, dest, d.dests.leave(v.slot, o, d.now()), v.slot.probe)
+	if err == nil {
+		return outcome{kind: outcomeSent}, nil
+	}
+	return failure(retry, err), nil
+}
+
+// settle acts on the outcome of a send of msg, claimed under key: records
+// it as sent; or releases the claim and schedules the job for its turn or
+// its retry; or sends the job to the failed queue and records it as
+// failed. recorded reports that msg was recorded as sent or failed.
+func (d *Deliverer) settle(ctx context.Context, job *wire.Job, key string, msg *notify.Message, o outcome) (recorded bool, err error) {
+	if o.kind == outcomeWait {
+		return false, d.waitTurn(ctx, job, key, msg, o)
+	}
+	log := d.log.With("channel", job.Channel, "project", job.ProjectID, "rule", job.RuleID,
+		"notification_id", msg.ID, "firings", len(msg.Notifications), "attempt", job.Attempt+1)
+	if o.kind == outcomeSent {
+		d.metrics.Notifications.WithLabelValues(job.Channel, "sent").Inc()
+		for _, n := range msg.Notifications {
+			d.metrics.DeliveryLatency.WithLabelValues(job.Channel).Observe(time.Since(n.FiredAt).Seconds())
+		}
+		log.Info("notification sent", "took_ms", o.took.Milliseconds())
+		if err := d.record(ctx, key, "sent"); err != nil {
+			d.remember(key, "sent")
+			return false, err
+		}
+		return true, nil
+	}
+	if ctx.Err() != nil {
+		// Cut short: the provider may or may not have the message. The
+		// claim stays until it expires, then the job, which was not acked
+		// and comes again, is sent again.
+		return false, ctx.Err()
+	}
+	if o.kind == outcomeRetry && job.Attempt+1 < d.cfg.MaxAttempts {
+		return false, d.retry(ctx, job, key, o, log)
+	}
+	if err := d.fail(ctx, job, msg, o, log); err != nil {
+		return false, err
+	}
+	if err := d.record(ctx, key, "failed"); err != nil {
+		d.remember(key, "failed")
+		return false, err
+	}
+	return true, nil
+}
+
+// waitTurn puts back a job that was not tried, to come at its turn: one
+// reserved at its provider's pace, or once a send of its destination or
+// project may have ended. It spends no attempt.
+func (d *Deliverer) waitTurn(ctx context.Context, job *wire.Job, key string, msg *notify.Message, o outcome) error {
+	if err := d.release(ctx, key); err != nil {
+		return err
+	}
+	next := *job
+	if o.paced {
+		d.metrics.Notifications.WithLabelValues(job.Channel, "throttled").Inc()
+		d.log.Debug("notification paced", "channel", job.Channel, "notification_id", msg.ID, "wait", o.after.String())
+		next.Paced, next.NotBefore = true, d.now().Add(o.after)
+	} else {
+		d.metrics.Notifications.WithLabelValues(job.Channel, "deferred").Inc()
+		d.log.Debug("notification deferred: its destination or project has every send it may have in flight",
+			"channel", job.Channel, "project", job.ProjectID, "notification_id", msg.ID, "wait", o.after.String())
+		next.Paced = false // its turn passes meanwhile
+	}
+	return d.schedule(ctx, &next, o.after, true)
+}
+
+// retry schedules the next attempt of a job whose send failed, after the
+// backoff or the provider's Retry-After, whichever is longer.
+func (d *Deliverer) retry(ctx context.Context, job *wire.Job, key string, o outcome, log *slog.Logger) error {
+	if err := d.release(ctx, key); err != nil {
+		return err
+	}
+	next := *job
+	next.Attempt++
+	next.Paced = false // a retry takes a turn of its own
+	// A Retry-After sets the earliest retry, not the pace: taken instead
+	// of the backoff, a short one answered again and again would spend
+	// every attempt within seconds and lose the message.
+	delay := max(o.after, backoff(next.Attempt))
+	next.NotBefore = time.Time{}
+	if longest := delays[len(delays)-1]; delay > longest {
+		next.NotBefore = d.now().Add(delay)
+	}
+	if _, parked := errors.AsType[*errCircuitOpen](o.err); parked {
+		// Logged once, when the circuit opened, not once a job.
+		log.Debug("notification parked, will retry", "error", o.err, "retry_in", delay.String())
+		d.metrics.Notifications.WithLabelValues(job.Channel, "parked").Inc()
+	} else {
+		log.Warn("notification failed, will retry", "error", o.err, "retry_in", delay.String())
+		d.metrics.Notifications.WithLabelValues(job.Channel, "retried").Inc()
+	}
+	return d.schedule(ctx, &next, delay, true)
+}
+
+// fail publishes a job that failed for good to the failed queue, with the
+// reason in its header and the firings it carried in its body.
+func (d *Deliverer) fail(ctx context.Context, job *wire.Job, msg *notify.Message, o outcome, log *slog.Logger) error {
+	err := o.err
+	switch {
+	case !netguard.IsRefused(err):
+		log.Error("notification failed for good", "error", err, "retryable", o.kind == outcomeRetry)
+	case d.refused.first(job.ProjectID+"\x00"+job.RuleID+"\x00"+job.Channel, d.now()):
+		// The reason names an address or host, never the endpoint URL.
+		log.Error("endpoint refused",
+			"error", err)
+	default:
+		log.Debug("notification failed for good", "error", err)
+	}
+	d.metrics.Notifications.WithLabelValues(job.Channel, "failed").Inc()
+	failed := *job
+	if msg.Digest {
+		failed.Notification = nil
+	}
+	body, jerr := json.Marshal(struct {
+		wire.Job
+		Notifications []notify.Notification `json:"notifications,omitempty"`
+	}{failed, msg.Notifications})
+	if jerr != nil {
+		return fmt.Errorf("encode failed job: %w", jerr)
+	}
+	if err := d.pub.Publish(ctx, queue.Message{
+		RoutingKey: d.cfg.FailedQueue, Body: body, MessageID: msg.ID + ":" + job.Channel,
+		ContentType: "application/json", Headers: amqp.Table{wire.ErrorHeader: err.Error()},
+	}); err != nil {
+		return fmt.Errorf("record failed notification: %w", err)
+	}
+	return nil
+}
+
+// sendGrace is how long a send under way, and the record of its outcome,
+// may go on once the job's context has ended. With the consumer's stop
+// grace (5 s), a stopping worker still exits within 10 s.
+const sendGrace = 3 * time.Second
+
+// withGrace returns a context that ends grace after ctx does (or when
+// cancel is called), with ctx's values.
+func withGrace(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
+	gctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-gctx.Done():
+		}
+	})
+	return gctx, func() { stop(); cancel() }
+}
