@@ -8,8 +8,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -268,20 +266,6 @@ func BenchmarkHandle(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(batch.Deliveries)), "ns/event")
-}
-
-// A caller may lower-case a title before rules.Matches or rules.Matcher
-// lower-case it again: that must change nothing.
-func TestLowerCaseIsIdempotent(t *testing.T) {
-	for r := rune(0); r <= unicode.MaxRune; r++ {
-		if !utf8.ValidRune(r) {
-			continue
-		}
-		once := strings.ToLower(string(r))
-		if twice := strings.ToLower(once); twice != once {
-			t.Errorf("ToLower(ToLower(%U)) = %q, ToLower once = %q", r, twice, once)
-		}
-	}
 }
 
 // notLoaded is a rule source whose first load has not succeeded.
