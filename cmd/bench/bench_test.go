@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/klaxonhq/klaxon/internal/event"
+	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/store"
 	"github.com/klaxonhq/klaxon/internal/testenv"
 )
@@ -269,7 +270,14 @@ func TestParseFlags(t *testing.T) {
 	if o.workers[0] != 3 || strings.Join(o.systems, ",") != "ceiling,klaxon" || o.workerEnv["KLAXON_BATCH_SIZE"] != "512" {
 		t.Errorf("got %+v", o)
 	}
-	for _, args := range [][]string{{"-workers", "0"}, {"-systems", "nats"}, {"-env", "PATH=/x"}, {"-events", "0"}} {
+	if o.queueType != queue.Classic {
+		t.Errorf("events queue type %q without KLAXON_QUEUE_TYPE, want classic as the workers'", o.queueType)
+	}
+	// The bench makes the events queue: of the type the workers would make.
+	if o, err = parseFlags([]string{"-env", "KLAXON_QUEUE_TYPE=quorum"}, io.Discard); err != nil || o.queueType != queue.Quorum {
+		t.Errorf("-env KLAXON_QUEUE_TYPE=quorum: queue type %q, %v", o.queueType, err)
+	}
+	for _, args := range [][]string{{"-workers", "0"}, {"-systems", "nats"}, {"-env", "PATH=/x"}, {"-events", "0"}, {"-env", "KLAXON_QUEUE_TYPE=stream"}} {
 		if _, err := parseFlags(args, io.Discard); err == nil {
 			t.Errorf("parseFlags(%q) succeeded", args)
 		}

@@ -22,8 +22,9 @@ type broker struct {
 	poll *amqp.Channel // ready's, used from one goroutine at a time
 }
 
-func dialBroker(url string) (*broker, error) {
-	pub, err := queue.NewPublisher(queue.PublisherConfig{URL: url, ConnectionName: "klaxon-bench",
+// The queues it declares are of type typ.
+func dialBroker(url string, typ queue.Type) (*broker, error) {
+	pub, err := queue.NewPublisher(queue.PublisherConfig{URL: url, ConnectionName: "klaxon-bench", QueueType: typ,
 		Logger: slog.New(slog.DiscardHandler)}) // its failures come back as errors
 	if err != nil {
 		return nil, err

@@ -49,6 +49,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/store"
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
@@ -65,16 +66,19 @@ type options struct {
 	workerBin                       string
 	beforeBin                       string // another worker binary, measured with the first worker count too
 	workerEnv                       map[string]string
-	latency                         time.Duration
-	latencyRate                     float64 // events/s of the latency phase; 0: half the measured rate
-	probeRate                       float64
-	scale                           bool
-	json                            bool
-	jsonFile                        string
-	progress                        string
-	pprofFile                       string
-	pprofSeconds                    int
-	memory                          bool // measure Redis memory after the first Klaxon run
+	// queueType is the workers' KLAXON_QUEUE_TYPE: the bench makes the
+	// events queue, so it makes it of the type the workers would.
+	queueType    queue.Type
+	latency      time.Duration
+	latencyRate  float64 // events/s of the latency phase; 0: half the measured rate
+	probeRate    float64
+	scale        bool
+	json         bool
+	jsonFile     string
+	progress     string
+	pprofFile    string
+	pprofSeconds int
+	memory       bool // measure Redis memory after the first Klaxon run
 }
 
 func defaultOptions() options {
@@ -158,6 +162,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			return o, fmt.Errorf("-env %q: want KLAXON_NAME=value or GONAME=value", kv)
 		}
 		o.workerEnv[k] = v
+	}
+	o.queueType = queue.Classic
+	if v, ok := o.workerEnv["KLAXON_QUEUE_TYPE"]; ok {
+		if o.queueType, err = queue.ParseType(v); err != nil {
+			return o, fmt.Errorf("-env KLAXON_QUEUE_TYPE: %w", err)
+		}
 	}
 	switch {
 	case o.events < 1, o.projects < 1, o.rules < 1, o.groups < 1:
@@ -292,7 +302,7 @@ func run(ctx context.Context, o options, stderr io.Writer) (rep *Report, err err
 	if isProcess(info.processID, "redis-server") {
 		b.redisPID = info.processID
 	}
-	if b.br, err = dialBroker(o.amqpURL); err != nil {
+	if b.br, err = dialBroker(o.amqpURL, o.queueType); err != nil {
 		return nil, err
 	}
 	defer b.br.Close()

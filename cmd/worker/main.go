@@ -99,7 +99,8 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	rdb := redisOpts.NewClient()
 	defer rdb.Close()
 
-	pub, err := queue.NewPublisher(queue.PublisherConfig{URL: cfg.AMQPURL, ConnectionName: "klaxon-publisher", Logger: log})
+	pub, err := queue.NewPublisher(queue.PublisherConfig{URL: cfg.AMQPURL, ConnectionName: "klaxon-publisher",
+		QueueType: queue.Type(cfg.QueueType), Logger: log})
 	if err != nil {
 		return err
 	}
@@ -140,7 +141,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			eval.Groups = groups
 		}
 		c, err := queue.NewConsumer(queue.ConsumerConfig{
-			URL: cfg.AMQPURL, Queue: cfg.Queue, ConnectionName: "klaxon-evaluator",
+			URL: cfg.AMQPURL, Queue: cfg.Queue, QueueType: queue.Type(cfg.QueueType), ConnectionName: "klaxon-evaluator",
 			Prefetch: cfg.Prefetch, MaxBatch: cfg.BatchSize, Logger: log.With("stage", "evaluator"),
 			Hooks: batchHooks(m, "evaluator"),
 		})
@@ -165,7 +166,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		Redis: rdb, Publisher: pub, Channels: chans, Logger: log.With("stage", "deliverer"), Metrics: m})
 	if cfg.Role.Delivers() {
 		c, err := queue.NewConsumer(queue.ConsumerConfig{
-			URL: cfg.AMQPURL, Queue: dlv.Queue(), ConnectionName: "klaxon-deliverer",
+			URL: cfg.AMQPURL, Queue: dlv.Queue(), QueueType: queue.Type(cfg.QueueType), ConnectionName: "klaxon-deliverer",
 			Prefetch: deliverPrefetch, MaxBatch: deliverBatch, Concurrency: deliverConcurrency,
 			Logger: log.With("stage", "deliverer"), Hooks: batchHooks(m, "deliverer"),
 		})

@@ -35,6 +35,7 @@ import (
 const (
 	EnvAMQPURL        = "KLAXON_AMQP_URL"
 	EnvQueue          = "KLAXON_QUEUE"
+	EnvQueueType      = "KLAXON_QUEUE_TYPE"
 	EnvRedisURL       = "KLAXON_REDIS_URL"
 	EnvMongoURL       = "KLAXON_MONGO_URL"
 	EnvEventsMongoURL = "KLAXON_EVENTS_MONGO_URL"
@@ -89,23 +90,26 @@ const (
 
 // Hawk's names for the same settings, and the defaults.
 const (
-	aliasAMQPURL         = "REGISTRY_URL"
-	aliasRedisURL        = "REDIS_URL"
-	aliasMongoURL        = "MONGO_ACCOUNTS_DATABASE_URI"
-	aliasEventsMongoURL  = "MONGO_EVENTS_DATABASE_URI"
-	defaultEventsDB      = "hawk_events" // Hawk's events database
-	defaultAMQPURL       = "amqp://guest:guest@127.0.0.1:5672/"
-	defaultQueue         = "notifier"
-	defaultRedisURL      = "redis://127.0.0.1:6379/0"
-	defaultMongoDB       = "hawk" // Hawk's accounts database
-	defaultMongoURL      = "mongodb://127.0.0.1:27017/" + defaultMongoDB
-	defaultPrefix        = "klaxon"
-	defaultHTTPAddr      = "127.0.0.1:9464"
-	defaultSMTPFrom      = "klaxon@localhost"
-	defaultSMTPTLS       = email.TLSStartTLS
-	defaultTelegramAPI   = "https://api.telegram.org"
-	defaultLogLevel      = "info"
-	defaultRole          = string(RoleAll)
+	aliasAMQPURL        = "REGISTRY_URL"
+	aliasRedisURL       = "REDIS_URL"
+	aliasMongoURL       = "MONGO_ACCOUNTS_DATABASE_URI"
+	aliasEventsMongoURL = "MONGO_EVENTS_DATABASE_URI"
+	defaultEventsDB     = "hawk_events" // Hawk's events database
+	defaultAMQPURL      = "amqp://guest:guest@127.0.0.1:5672/"
+	defaultQueue        = "notifier"
+	defaultRedisURL     = "redis://127.0.0.1:6379/0"
+	defaultMongoDB      = "hawk" // Hawk's accounts database
+	defaultMongoURL     = "mongodb://127.0.0.1:27017/" + defaultMongoDB
+	defaultPrefix       = "klaxon"
+	defaultHTTPAddr     = "127.0.0.1:9464"
+	defaultSMTPFrom     = "klaxon@localhost"
+	defaultSMTPTLS      = email.TLSStartTLS
+	defaultTelegramAPI  = "https://api.telegram.org"
+	defaultLogLevel     = "info"
+	defaultRole         = string(RoleAll)
+	// classic: what every earlier Klaxon made, so an upgrade finds its queues
+	// as it declares them, and a single broker gains nothing from quorum.
+	defaultQueueType     = "classic"
 	defaultPrefetch      = 2000
 	defaultBatchSize     = 1000
 	defaultGroupsPerCall = 32
@@ -150,6 +154,7 @@ func Variables() []Variable {
 	return []Variable{
 		{EnvAMQPURL, aliasAMQPURL, defaultAMQPURL, true, "RabbitMQ URL (amqp:// or amqps://)"},
 		{EnvQueue, "", defaultQueue, false, "queue of incoming Hawk events, declared durable if missing"},
+		{EnvQueueType, "", defaultQueueType, false, "type of the queues Klaxon creates: classic or quorum; existing queues are used as they are"},
 		{EnvRedisURL, aliasRedisURL, defaultRedisURL, true, "Redis URL: redis[s]:// single node, redis[s]+sentinel://, redis[s]+cluster://"},
 		{EnvMongoURL, aliasMongoURL, defaultMongoURL, true, "MongoDB URL of the rules store; its path names the database"},
 		{EnvEventsMongoURL, aliasEventsMongoURL, "", true, "MongoDB URL of Hawk's events database, for group history and resolved/ignored marks; unset = not used"},
@@ -208,6 +213,7 @@ func Variables() []Variable {
 type Config struct {
 	AMQPURL       string // KLAXON_AMQP_URL
 	Queue         string // KLAXON_QUEUE; dead letters go to Queue + ".dead"
+	QueueType     string // KLAXON_QUEUE_TYPE: "classic" or "quorum"
 	RedisURL      string // KLAXON_REDIS_URL; use RedisOptions to connect
 	MongoURL      string // KLAXON_MONGO_URL, as given (pass it to the driver)
 	MongoDatabase string // the database named by MongoURL's path, "hawk" when none
@@ -408,6 +414,7 @@ func Load(getenv func(string) string) (Config, error) {
 	var c Config
 	c.AMQPURL = l.amqpURL()
 	c.Queue = l.queue()
+	c.QueueType = l.queueType()
 	c.RedisURL = l.redisURL()
 	c.MongoURL, c.MongoDatabase = l.mongoURL()
 	c.EventsMongoURL, c.EventsDatabase = l.eventsMongoURL()
@@ -1044,4 +1051,17 @@ func checkPort(port string, lowest int) error {
 		return fmt.Errorf("port %q is not a number from %d to 65535", port, lowest)
 	}
 	return nil
+}
+
+func (l *loader) queueType() string {
+	s := l.lookup(EnvQueueType, "", false)
+	if !s.set() {
+		return defaultQueueType
+	}
+	switch t := strings.ToLower(s.value); t {
+	case "classic", "quorum":
+		return t
+	}
+	l.fail(s, fmt.Sprintf("%q is not one of classic, quorum", s.value))
+	return defaultQueueType
 }

@@ -35,6 +35,7 @@ func (c Config) attrs() []slog.Attr {
 		slog.String("telegram_api_url", redactURL(c.TelegramAPI)),
 		slog.String("log_level", c.LogLevel.String()),
 		slog.String("role", string(c.Role)),
+		slog.String("queue_type", c.QueueType),
 		slog.Int("prefetch", c.Prefetch),
 		slog.Int("batch_size", c.BatchSize),
 		slog.Int("redis_groups_per_call", c.GroupsPerCall),

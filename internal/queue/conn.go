@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -169,10 +170,45 @@ func declareQueue(conn *amqp.Connection, log *slog.Logger, name string, args amq
 		return fmt.Errorf("declare queue %q passively after %v: %w", name, aerr, err)
 	}
 	attrs := []any{"queue", name, "wanted_args", fmt.Sprint(args), "broker_said", aerr.Reason}
-	if advice := boundsAdvice(name, args); advice != "" {
+	if strings.Contains(aerr.Reason, "'x-queue-type'") {
+		// The broker names the first argument that differs; the type is
+		// the one no policy can change.
+		attrs = append(attrs, "what_to_do", "a queue's type cannot change: it keeps working as it is; "+
+			"to change its type, stop the workers, let the queue empty, delete it, and start them: "+
+			"Klaxon declares it anew with KLAXON_QUEUE_TYPE")
+	} else if advice := boundsAdvice(name, args); advice != "" {
 		attrs = append(attrs, "what_to_do", advice)
 	}
 	log.Warn("queue exists with other arguments; using it as it is", attrs...)
+	return nil
+}
+
+// declareConsumed makes sure the queue a consumer reads exists. An existing
+// queue is used as it is, with no declaration that could differ from how it
+// was made: the incoming queue may be Hawk's classic `notifier` or a quorum
+// queue an operator made, and its type cannot change. A passive declare
+// tells whether it exists (its NOT_FOUND closes the channel, hence a channel
+// of its own); only a missing queue is declared, with args. Two workers
+// creating it at once both succeed, and one that loses a race to another
+// type falls back to declareQueue's use-as-is.
+func declareConsumed(conn *amqp.Connection, log *slog.Logger, name string, args amqp.Table) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel to inspect queue %q: %w", name, err)
+	}
+	_, err = ch.QueueDeclarePassive(name, true, false, false, false, nil)
+	var aerr *amqp.Error
+	if err == nil || !errors.As(err, &aerr) || aerr.Code != amqp.NotFound {
+		_ = ch.Close()
+		if err != nil {
+			return fmt.Errorf("inspect queue %q: %w", name, err)
+		}
+		return nil
+	}
+	if err := declareQueue(conn, log, name, args); err != nil {
+		return err
+	}
+	log.Info("declared the missing queue", "queue", name, "args", fmt.Sprint(args))
 	return nil
 }
 

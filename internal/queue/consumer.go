@@ -19,9 +19,12 @@ import (
 type ConsumerConfig struct {
 	URL   string // AMQP URL; required
 	Queue string // queue to consume; required. Declared durable if missing.
-	// QueueArgs are the arguments the queue is declared with. If the queue
-	// exists with other arguments it is used as it is (logged once).
+	// QueueArgs are the arguments the queue is declared with when it is
+	// missing. An existing queue is used as it is.
 	QueueArgs amqp.Table
+	// QueueType is the type the queue is declared with when it is missing
+	// [Classic]. An existing queue is used as it is, whatever its type.
+	QueueType Type
 	// ConnectionName is shown in the broker's connection list [klaxon-consumer].
 	ConnectionName string
 	// Prefetch is the most deliveries the broker sends ahead of acks [1000].
@@ -346,7 +349,7 @@ func (c *Consumer) consumeConcurrently(ctx, bctx context.Context, s *session, ha
 // subscribe declares the queue, opens the channel and starts consuming. The
 // session may be returned with an error: it must be waited for all the same.
 func (c *Consumer) subscribe(conn *amqp.Connection) (*session, error) {
-	if err := declareQueue(conn, c.log, c.cfg.Queue, c.cfg.QueueArgs); err != nil {
+	if err := declareConsumed(conn, c.log, c.cfg.Queue, c.cfg.QueueType.with(c.cfg.QueueArgs)); err != nil {
 		return nil, err
 	}
 	ch, err := conn.Channel()

@@ -397,25 +397,81 @@ func TestConsumerRecoversWhenItsQueueIsDeleted(t *testing.T) {
 	r.stop(t, 10*time.Second)
 }
 
-func TestConsumerUsesAnExistingQueueWithOtherArguments(t *testing.T) {
-	b := newBroker(t)
-	q := b.queueName()
-	b.declare(q, amqp.Table{"x-max-length": int32(1000)}) // as if someone else made it
-	pub := newPublisher(t, queue.PublisherConfig{})
-	fill(t, pub, q, 5)
+// The incoming queue may exist already, made by Hawk (classic, no
+// arguments), by an operator (a quorum queue, or with a length limit) or by
+// another Klaxon with another KLAXON_QUEUE_TYPE. A queue's type cannot
+// change, and a declaration that differs fails with PRECONDITION_FAILED:
+// the consumer uses whatever exists as it is, without declaring it again
+// and without a warning, since nothing is wrong.
+func TestConsumerUsesAnExistingQueueAsItIs(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		existing amqp.Table
+		want     queue.Type
+		isType   queue.Type
+	}{
+		{"classic with a length limit, classic wanted", amqp.Table{"x-max-length": int32(1000)}, queue.Classic, queue.Classic},
+		{"classic, quorum wanted", nil, queue.Quorum, queue.Classic},
+		{"quorum, classic wanted", amqp.Table{"x-queue-type": "quorum"}, queue.Classic, queue.Quorum},
+		{"quorum, quorum wanted", amqp.Table{"x-queue-type": "quorum"}, queue.Quorum, queue.Quorum},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBroker(t)
+			q := b.queueName()
+			b.declare(q, tc.existing)
+			pub := newPublisher(t, queue.PublisherConfig{})
+			fill(t, pub, q, 5)
 
-	log, logs := newLogger(t)
-	l := newLedger()
-	_, r := startConsumer(t, queue.ConsumerConfig{Queue: q, Logger: log}, func(_ context.Context, batch *queue.Batch) error {
-		l.record(batch, func(int) bool { return false })
-		return nil
-	})
-	if !eventually(10*time.Second, func() bool { return l.ackedCount() == 5 }) {
-		t.Fatalf("acked %d of 5", l.ackedCount())
+			log, logs := newLogger(t)
+			l := newLedger()
+			_, r := startConsumer(t, queue.ConsumerConfig{Queue: q, QueueType: tc.want, Logger: log},
+				func(_ context.Context, batch *queue.Batch) error {
+					l.record(batch, func(int) bool { return false })
+					return nil
+				})
+			if !eventually(10*time.Second, func() bool { return l.ackedCount() == 5 }) {
+				t.Fatalf("acked %d of 5", l.ackedCount())
+			}
+			r.stop(t, 10*time.Second)
+			if out := logs.String(); strings.Contains(out, "level=WARN") {
+				t.Errorf("warned about a queue it only uses:\n%s", out)
+			}
+			if got := b.queueType(q, tc.existing); got != tc.isType {
+				t.Errorf("queue is %s now, want it still %s", got, tc.isType)
+			}
+		})
 	}
-	r.stop(t, 10*time.Second)
-	if !strings.Contains(logs.String(), "queue exists with other arguments") {
-		t.Error("the argument mismatch was not logged")
+}
+
+// A missing queue is made with the type asked for.
+func TestConsumerCreatesAMissingQueueOfItsType(t *testing.T) {
+	for _, typ := range []queue.Type{"", queue.Classic, queue.Quorum} {
+		t.Run(string(typ), func(t *testing.T) {
+			b := newBroker(t)
+			q := b.queueName()
+			pub := newPublisher(t, queue.PublisherConfig{})
+			l := newLedger()
+			c, r := startConsumer(t, queue.ConsumerConfig{Queue: q, QueueType: typ},
+				func(_ context.Context, batch *queue.Batch) error {
+					l.record(batch, func(int) bool { return false })
+					return nil
+				})
+			if !eventually(10*time.Second, c.Connected) {
+				t.Fatal("not consuming")
+			}
+			fill(t, pub, q, 3)
+			if !eventually(10*time.Second, func() bool { return l.ackedCount() == 3 }) {
+				t.Fatalf("acked %d of 3", l.ackedCount())
+			}
+			r.stop(t, 10*time.Second)
+			want := typ
+			if want == "" {
+				want = queue.Classic
+			}
+			if got := b.queueType(q, nil); got != want {
+				t.Errorf("made a %s queue, want %s", got, want)
+			}
+		})
 	}
 }
 

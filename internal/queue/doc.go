@@ -48,6 +48,17 @@
 //     a publish to one of them comes back unroutable, so a queue deleted
 //     under a running worker heals on the caller's retry.
 //
+//   - A consumer only looks at a queue that exists (a passive declare) and
+//     declares it only when it is missing. The incoming queue belongs to its
+//     producer as much as to Klaxon: Hawk's `notifier` is classic, an
+//     operator may have made it quorum, and a queue's type cannot change.
+//     Declaring it with Klaxon's arguments would fail with
+//     PRECONDITION_FAILED on every connection for no gain. Queues Klaxon
+//     owns (`.dead`, `.deliveries`, `.failed`, retry) are declared with their
+//     arguments, so a mismatch is reported once with what to do. The type
+//     (Type) is an argument like the others, added only for quorum: a
+//     classic declaration is byte for byte what earlier versions sent.
+//
 // Credentials never reach the logs: URLs are logged without their user info
 // (scheme, host and vhost only), and an unparsable URL is reported without
 // its text.

@@ -97,6 +97,31 @@ func (b *broker) declare(name string, args amqp.Table) {
 	}
 }
 
+// queueType tells a quorum queue from a classic one: AMQP's declare-ok does
+// not say, but a declaration of the queue's own args (the ones besides its
+// type) succeeds with x-queue-type quorum only on a quorum queue. It runs on
+// a channel of its own, which the failure closes.
+func (b *broker) queueType(name string, args amqp.Table) queue.Type {
+	b.t.Helper()
+	ch := b.channel()
+	defer ch.Close()
+	if _, err := ch.QueueDeclarePassive(name, true, false, false, false, nil); err != nil {
+		b.t.Fatalf("queue %s: %v", name, err)
+	}
+	probe := amqp.Table{"x-queue-type": "quorum"}
+	for k, v := range args {
+		if k != "x-queue-type" {
+			probe[k] = v
+		}
+	}
+	ch2 := b.channel()
+	if _, err := ch2.QueueDeclare(name, true, false, false, false, probe); err != nil {
+		return queue.Classic
+	}
+	_ = ch2.Close()
+	return queue.Quorum
+}
+
 // ready is the number of messages ready in the queue, -1 if it does not exist.
 func (b *broker) ready(name string) int {
 	b.t.Helper()

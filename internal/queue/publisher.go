@@ -37,8 +37,12 @@ type PublisherConfig struct {
 	// MaxIdleChannels is how many confirm-mode channels are kept open for
 	// reuse between calls [16]. More concurrent calls open more channels.
 	MaxIdleChannels int
-	Logger          *slog.Logger // [slog.Default()]
-	Hooks           Hooks
+	// QueueType is the type of the queues Declare creates, unless their
+	// args name one [Classic]. An existing queue of another type is used as
+	// it is, with a warning.
+	QueueType Type
+	Logger    *slog.Logger // [slog.Default()]
+	Hooks     Hooks
 }
 
 // Message is one message to publish. It is always sent persistent.
@@ -188,6 +192,7 @@ func (p *Publisher) publish(ctx context.Context, msgs []Message) error {
 // unroutable. Use it for `<queue>.dead`, delivery and retry queues. Like
 // Publish, it connects first if needed.
 func (p *Publisher) Declare(ctx context.Context, name string, args amqp.Table) error {
+	args = p.cfg.QueueType.with(args)
 	pc, err := p.connection(ctx)
 	if err != nil {
 		return err
