@@ -106,6 +106,7 @@ func waitDrained(t *testing.T, h *harness) {
 // whatever the replica had received when the master died; its log stays
 // JSON lines, go-redis' own included.
 func TestSentinelMasterKilledMidStream(t *testing.T) {
+	testenv.SentinelPhase(t)
 	h := newHarness(t)
 	s := testenv.StartSentinel(t)
 	h.env["KLAXON_REDIS_URL"] = s.URL()

@@ -10,6 +10,7 @@ import (
 // The deployment fails over both ways a test needs, and a Sentinel client
 // follows it: what the tests of failovers build on.
 func TestSentinelFailsOver(t *testing.T) {
+	SentinelPhase(t)
 	s := StartSentinel(t)
 	ctx := context.Background()
 	rdb := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: SentinelMaster,
