@@ -266,7 +266,8 @@ type call struct {
 // Observe counts a batch of events and returns one Result per event, in
 // order; an event without rules costs nothing and gets a zero Result.
 //
-// Most groups cost Redis two commands: their states are read, counted
+// Most groups cost Redis three commands (GET, and GETRANGE and SET in
+// cas.lua, pages of a busy group aside): their states are read, counted
 // into by the worker (state.go) and written back by cas.lua if no other
 // worker wrote them meanwhile. The others (a repeat, a redelivery, users),
 // are counted by observe.lua, atomically, in up to 32 (project, group)s a

@@ -13,7 +13,8 @@ import (
 // encoded again in Go, byte for byte as the script would. The engine's
 // fast path counts here and writes back with cas.lua, which stores the
 // result only if the string is still the one that was read; Redis then
-// spends two commands on a group instead of running the counting.
+// spends a GET, a GETRANGE and a SET on a group instead of running the
+// counting.
 
 const (
 	stateVersion = 3
