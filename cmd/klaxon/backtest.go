@@ -204,12 +204,7 @@ func (a *app) backtest(ctx context.Context, args []string) int {
 	if !ok {
 		return exitUsage
 	}
-	src, _, closeSrc, err := ruleSource(cfg, *rulesFile)
-	if err != nil {
-		return a.fail(cmd, err)
-	}
-	defer closeSrc()
-	snap, err := loadRules(ctx, src, cfg)
+	snap, _, err := readRules(ctx, cfg, *rulesFile)
 	if err != nil {
 		return a.fail(cmd, err)
 	}

@@ -311,12 +311,7 @@ func deliveryWords(d deliveryRecord) string {
 // findRule is enabled rule ruleID of project, from file, else
 // KLAXON_RULES_FILE, else MongoDB; the error says why there is none.
 func findRule(ctx context.Context, cfg config.Config, file, project, ruleID string) (*rules.Rule, error) {
-	src, name, closeSrc, err := ruleSource(cfg, file)
-	if err != nil {
-		return nil, err
-	}
-	defer closeSrc()
-	snap, err := loadRules(ctx, src, cfg)
+	snap, name, err := readRules(ctx, cfg, file)
 	if err != nil {
 		return nil, err
 	}

@@ -36,6 +36,18 @@ func ruleSource(cfg config.Config, file string) (src store.Source, name string, 
 	}, nil
 }
 
+// readRules reads and validates the rules of file, else KLAXON_RULES_FILE,
+// else MongoDB, as the worker does, and says where they came from.
+func readRules(ctx context.Context, cfg config.Config, file string) (*store.Snapshot, string, error) {
+	src, name, closeSrc, err := ruleSource(cfg, file)
+	if err != nil {
+		return nil, "", err
+	}
+	defer closeSrc()
+	snap, err := loadRules(ctx, src, cfg)
+	return snap, name, err
+}
+
 // loadRules reads and validates the rules of src within the configured
 // limits, as the worker's rule cache does.
 func loadRules(ctx context.Context, src store.Source, cfg config.Config) (*store.Snapshot, error) {

@@ -81,29 +81,9 @@ func (a *app) testSend(ctx context.Context, args []string) int {
 	if !ok {
 		return exitUsage
 	}
-	src, name, closeSrc, err := ruleSource(cfg, *rulesFile)
+	rule, err := findRule(ctx, cfg, *rulesFile, *project, *ruleID)
 	if err != nil {
 		return a.fail(cmd, err)
-	}
-	defer closeSrc()
-	snap, err := loadRules(ctx, src, cfg)
-	if err != nil {
-		return a.fail(cmd, err)
-	}
-	var rule *rules.Rule
-	for _, r := range snap.Rules(*project) {
-		if r.ID == *ruleID {
-			rule = r
-		}
-	}
-	if rule == nil {
-		why := "no enabled rule " + *ruleID + " in project " + *project + " in " + name
-		for _, p := range snap.Problems() {
-			if p.Skipped && strings.EqualFold(p.ProjectID, *project) && p.RuleID == *ruleID {
-				why += "; it is skipped: " + p.Reason
-			}
-		}
-		return a.fail(cmd, errors.New(why))
 	}
 	targets := rule.Channels
 	if *only != "" {
