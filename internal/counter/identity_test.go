@@ -13,7 +13,10 @@ import (
 // A producer that sends the same body for every occurrence, with neither a
 // message-id nor a repetitionId, must still be told when its error storms:
 // identical bodies are distinct occurrences, and each counts. Taking them
-// for redeliveries of one message silenced every such threshold.
+// for redeliveries of one message silenced every such threshold. (That the
+// evaluator gives such messages no id is TestHandleIdentity's part; here,
+// that the engine, by either path, neither dedups them by body nor takes
+// them for a resent call.)
 func TestIdenticalBodiesWithoutIDsAllCount(t *testing.T) {
 	rdb := testRedis(t)
 	e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
