@@ -142,7 +142,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		}
 		c, err := queue.NewConsumer(queue.ConsumerConfig{
 			URL: cfg.AMQPURL, Queue: cfg.Queue, QueueType: queue.Type(cfg.QueueType), ConnectionName: "klaxon-evaluator",
-			Prefetch: cfg.Prefetch, MaxBatch: cfg.BatchSize, Logger: log.With("stage", "evaluator"),
+			Prefetch: cfg.Prefetch, MaxBatch: cfg.BatchSize, Concurrency: 2, InOrder: true, Logger: log.With("stage", "evaluator"),
 			Hooks: batchHooks(m, "evaluator"),
 		})
 		if err != nil {
