@@ -426,7 +426,7 @@ func compare(res *Result, p *plan, reqs []request, f *fleet) {
 		var body struct {
 			firing
 			Type string `json:"type"`
-			// A grouped message (docs/contract.md §5.3) carries the
+			// A grouped message (docs/contract.md §5.8) carries the
 			// firings of several rules for one event: each counts as
 			// delivered by it.
 			Notifications []firing `json:"notifications"`

@@ -9,7 +9,7 @@ import (
 )
 
 // A grouped job carries the firings of several rules for one event that
-// share its destination (docs/contract.md §5.3). Each firing is admitted
+// share its destination (docs/contract.md §5.8). Each firing is admitted
 // on its own, as if its job were single: its claim under its own key (the
 // key a single job of it would have), its rule's snooze, its rule's
 // minPeriod. What is admitted goes as one message; the outcome is recorded

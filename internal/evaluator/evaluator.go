@@ -361,7 +361,7 @@ func (e *Evaluator) record(tally tally, events []counter.Event, results []counte
 
 // jobs turns the firings of one event into delivery jobs: one per
 // destination (a channel and an endpoint), carrying every rule's firing
-// that goes there (docs/contract.md §5.3). A replayed firing (a redelivered
+// that goes there (docs/contract.md §5.8). A replayed firing (a redelivered
 // message) gets the same jobs again; the deliverer sends each firing once
 // per channel, whichever job carries it.
 //

@@ -18,7 +18,7 @@ const (
 	TypeDigest    = "digest"
 	// TypeGrouped is one message for the firings of several rules of a
 	// project for one event that share a destination (docs/contract.md
-	// §5.3).
+	// §5.8).
 	TypeGrouped = "grouped"
 )
 
@@ -123,7 +123,7 @@ type Digest struct {
 }
 
 // Grouped is the webhook body of a grouped message (docs/contract.md
-// §5.3): the firings of several rules of one project for one event, sent
+// §5.8): the firings of several rules of one project for one event, sent
 // to one destination as one message.
 type Grouped struct {
 	Version     string `json:"version"` // BodyVersion

@@ -245,7 +245,7 @@ func TestLoopbackRefusedUnlessAllowed(t *testing.T) {
 }
 
 // A grouped message is one body naming every rule, each firing as a
-// single body without its version (docs/contract.md §5.3).
+// single body without its version (docs/contract.md §5.8).
 func TestGroupedBody(t *testing.T) {
 	sink := notifytest.NewWebhookSink(t)
 	if _, err := send(t, sink.URL, notifytest.Grouped(nastyTitle, firedAt)); err != nil {
