@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/snooze"
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
@@ -197,4 +198,26 @@ func TestMachineGroupedAfterAPartialSend(t *testing.T) {
 	m.handle(grouped(t, 0, []string{"a", "b", "c"})) // and the batch again
 	m.nothingPublished()
 	m.wantSent("single c", "single b")
+}
+
+// A snoozed rule's firing in a grouped job is held back, recorded as
+// snoozed, and the others go; the snooze's summary is its rule's own.
+func TestMachineGroupedHoldsASnoozedRule(t *testing.T) {
+	m := newMachine(t)
+	// Redis' clock expires snoozes: the machine's must agree with it here.
+	now := time.Now()
+	m.clock.advance(now.Sub(m.clock.now()))
+	if _, err := snooze.New(m.d.rdb, m.d.cfg.Prefix).Set(t.Context(),
+		snooze.Snooze{ProjectID: "p", RuleID: "r-b", Until: now.Add(time.Hour), Summary: true}, now); err != nil {
+		t.Fatal(err)
+	}
+	m.handle(grouped(t, 0, []string{"a", "b", "c"}))
+	_, summary := m.published(queuesUpTo(m.d, time.Hour)...)
+	if summary.Snooze == nil || summary.RuleID != "r-b" {
+		t.Errorf("scheduled %+v, want rule r-b's snooze summary", summary)
+	}
+	m.wantSent("grouped a c")
+	if got := m.record("b"); got != "snoozed" {
+		t.Errorf("b recorded %q, want snoozed", got)
+	}
 }
