@@ -70,7 +70,7 @@ type Evaluator struct {
 	Groups Groups
 	// DeadQueue receives messages that cannot be used (<queue>.dead).
 	DeadQueue string
-	// DeliveryQueue receives one job per firing and channel.
+	// DeliveryQueue receives, per event, one job per destination.
 	DeliveryQueue string
 	// EventURL is the template of the link to an event that messages
 	// carry, with {projectId} and {groupHash} (KLAXON_EVENT_URL); "" for
@@ -369,15 +369,21 @@ func (e *Evaluator) record(tally tally, events []counter.Event, results []counte
 	}
 }
 
-// jobs turns the firings of one event into delivery jobs, one per channel.
-// A replayed firing (a redelivered message) gets the same jobs again; the
-// deliverer sends each firing once.
+// jobs turns the firings of one event into delivery jobs: one per
+// destination (a channel and an endpoint), carrying every rule's firing
+// that goes there (docs/contract.md §5.8). A replayed firing (a redelivered
+// message) gets the same jobs again; the deliverer sends each firing once
+// per channel, whichever job carries it.
 //
 // With Hawk's events database, a firing carries the group's history as the
 // batch read it; a firing of a derived rule is the regression of its rule,
 // sent as that rule's (its id, channels and digests).
 func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result, groups map[groupKey]events.Group, regs *regressions) ([]queue.Message, error) {
-	var jobs []queue.Message
+	type destination struct{ channel, endpoint string }
+	var (
+		order []destination
+		to    = make(map[destination][]wire.Firing)
+	)
 	for k := range res.Outcomes {
 		o := &res.Outcomes[k]
 		if !o.Fired {
@@ -395,21 +401,31 @@ func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result
 			n.History = &notify.History{TotalCount: g.TotalCount, FirstSeen: g.FirstSeen, DaysRepeated: g.DaysRepeated, TopFrame: g.TopFrame}
 		}
 		for _, c := range rule.Channels {
-			job := wire.Job{
-				Channel: c.Name, Endpoint: c.Endpoint, MinPeriod: c.MinPeriod.Milliseconds(),
-				ProjectID: ev.ProjectID, RuleID: rule.ID, Notification: &n,
+			dest := destination{c.Name, c.Endpoint}
+			if _, ok := to[dest]; !ok {
+				order = append(order, dest)
 			}
-			body, err := json.Marshal(job)
-			if err != nil {
-				return nil, fmt.Errorf("encode delivery job: %w", err)
-			}
-			jobs = append(jobs, queue.Message{
-				RoutingKey:  e.DeliveryQueue,
-				Body:        body,
-				MessageID:   job.Key(),
-				ContentType: "application/json",
-			})
+			to[dest] = append(to[dest], wire.Firing{RuleID: rule.ID, MinPeriod: c.MinPeriod.Milliseconds(), Notification: &n})
 		}
+	}
+	jobs := make([]queue.Message, 0, len(order))
+	for _, dest := range order {
+		job := wire.Job{Channel: dest.channel, Endpoint: dest.endpoint, ProjectID: ev.ProjectID, Firings: to[dest]}
+		if len(job.Firings) == 1 {
+			// One rule: the job of a single firing, as before grouping.
+			f := job.Firings[0]
+			job.RuleID, job.MinPeriod, job.Notification, job.Firings = f.RuleID, f.MinPeriod, f.Notification, nil
+		}
+		body, err := json.Marshal(job)
+		if err != nil {
+			return nil, fmt.Errorf("encode delivery job: %w", err)
+		}
+		jobs = append(jobs, queue.Message{
+			RoutingKey:  e.DeliveryQueue,
+			Body:        body,
+			MessageID:   job.Key(),
+			ContentType: "application/json",
+		})
 	}
 	return jobs, nil
 }

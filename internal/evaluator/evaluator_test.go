@@ -316,13 +316,18 @@ func TestLongTitleMatchedWhole(t *testing.T) {
 	if got, want := counted(fc.calls[0]), "g2=new+db"; got != want {
 		t.Errorf("counted %q, want %q", got, want)
 	}
+	if len(pub.msgs) != 1 {
+		t.Fatalf("%d jobs, want one for both rules' webhook", len(pub.msgs))
+	}
 	for _, msg := range pub.msgs {
 		job, err := wire.DecodeJob(msg.Body)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n := len(job.Notification.Event.Title); n > event.MaxTitle+len("…") {
-			t.Errorf("a notification carries a title of %d bytes", n)
+		for _, f := range job.Firings { // both rules, on one webhook: one grouped job
+			if n := len(f.Notification.Event.Title); n > event.MaxTitle+len("…") {
+				t.Errorf("a notification carries a title of %d bytes", n)
+			}
 		}
 	}
 }

@@ -20,7 +20,8 @@ type Metrics struct {
 	// destination or project had every send it may have in flight),
 	// parked (its destination's circuit was open), failed, duplicate,
 	// omitted, snoozed (held back by klaxon snooze; the summary at its
-	// end counts as sent).
+	// end counts as sent). Sent counts messages: a digest, or an event's
+	// grouped message, counts once; the others count firings.
 	Notifications *prometheus.CounterVec
 	// CircuitChanges counts destinations' circuits changing state, by
 	// channel and new state (open, half_open, closed).

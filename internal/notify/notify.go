@@ -16,14 +16,19 @@ const (
 	// had marked resolved (docs/contract.md §4.6).
 	TypeRegressed = "regressed"
 	TypeDigest    = "digest"
+	// TypeGrouped is one message for the firings of several rules of a
+	// project for one event that share a destination (docs/contract.md
+	// §5.8).
+	TypeGrouped = "grouped"
 )
 
 // BodyVersion is the "version" of webhook bodies. Version 2 added
 // projectName, ruleDescription and event.url to version 1 (bodies without
 // "version"); version 3 added "history", "resolvedAt" and the type
-// "regressed". Versions only add fields, so a receiver of an older one
+// "regressed"; version 4 the type "grouped", a body of its own (Grouped).
+// Versions only add fields, so a receiver of an older one
 // keeps working (one that switches on "type" should expect new values).
-const BodyVersion = "3"
+const BodyVersion = "4"
 
 // Notification is one firing of a rule for a group of events. Its JSON form
 // is the webhook body of docs/contract.md §5.1.
@@ -85,14 +90,18 @@ type WindowStatus struct {
 }
 
 // Message is what one send carries to one destination: a single
-// notification, or a digest of the firings gathered during a channel's
-// minPeriod.
+// notification, a digest of the firings gathered during a channel's
+// minPeriod, or the firings of several rules for one event that share the
+// destination (Grouped).
 type Message struct {
-	ID            string // the notification's id, or the digest's
+	ID            string // the notification's id, the digest's or the group's
 	ProjectID     string
-	RuleID        string
-	Notifications []Notification // one, unless Digest
+	RuleID        string         // "" when Grouped: each notification names its rule
+	Notifications []Notification // one, unless Digest or Grouped
 	Digest        bool
+	// Grouped marks the firings of several rules for one event, one per
+	// rule, in the order of the project's rules.
+	Grouped bool
 	// Omitted counts the firings of a digest left out of Notifications
 	// because the digest was full (the deliverer's digest bounds): every
 	// channel says "and N more".
@@ -111,6 +120,23 @@ type Digest struct {
 	// Omitted is how many more firings the digest stands for but does not
 	// list, because it was full; 0 when it lists them all.
 	Omitted int64 `json:"omitted"`
+}
+
+// Grouped is the webhook body of a grouped message (docs/contract.md
+// §5.8): the firings of several rules of one project for one event, sent
+// to one destination as one message.
+type Grouped struct {
+	Version     string `json:"version"` // BodyVersion
+	Type        string `json:"type"`    // TypeGrouped
+	ID          string `json:"id"`
+	ProjectID   string `json:"projectId"`
+	ProjectName string `json:"projectName"`
+	// RuleIDs are the rules that fired, as the notifications list them.
+	RuleIDs []string `json:"ruleIds"`
+	// Event is the event all of them fired for.
+	Event Event `json:"event"`
+	// Notifications has one body per rule, as a single message's.
+	Notifications []Notification `json:"notifications"`
 }
 
 // A Channel delivers a message to one endpoint (an address, chat id or

@@ -283,3 +283,39 @@ func TestRenderShowsHistoryAndRegression(t *testing.T) {
 		t.Errorf("a notification without history shows history lines:\n%s", plain)
 	}
 }
+
+// A grouped message shows the event once, then every rule that fired for
+// it, named by its description (else its id), with what it saw.
+func TestRenderGrouped(t *testing.T) {
+	a := thresholdNotification()
+	a.ProjectName, a.RuleDescription, a.Event.URL = "Shop", "100 events in 1 minute", "https://hawk.example/e/11dabb"
+	b := a
+	b.ID, b.RuleID, b.RuleDescription = "n-2", "64ab00000000000000000002", ""
+	b.Type, b.Count, b.Windows = notify.TypeNew, 1, nil
+	v := notify.Render(&notify.Message{ID: "group-9", ProjectID: a.ProjectID, Grouped: true, Notifications: []notify.Notification{a, b}})
+	if want := "[Shop] TypeError: x is undefined — 2 rules fired"; v.Subject != want {
+		t.Errorf("Subject = %q, want %q", v.Subject, want)
+	}
+	lines := v.Lines()
+	want := []string{
+		"2 rules fired for one event in project Shop (5e3eef0679fa3700a0198a49)",
+		"",
+		"TypeError: x is undefined",
+		"View event: https://hawk.example/e/11dabb",
+		"",
+		"• 100 events in 1 minute — 150 events in the last 1 minute (threshold 100)",
+	}
+	if !slices.Equal(lines[:len(want)], want) {
+		t.Errorf("Lines start\n%s\nwant\n%s", strings.Join(lines[:len(want)], "\n"), strings.Join(want, "\n"))
+	}
+	text := v.Text()
+	for _, s := range []string{"• Rule 64ab00000000000000000002 — New event, seen for the first time", "Notification id n-1",
+		"Notification id n-2", "rule 64ab00000000000000000001", "Message id group-9"} {
+		if !strings.Contains(text, s) {
+			t.Errorf("grouped text lacks %q:\n%s", s, text)
+		}
+	}
+	if err := notify.CheckMessage(&notify.Message{ID: "x", Grouped: true, Digest: true, Notifications: []notify.Notification{a}}); err == nil {
+		t.Error("a message both grouped and a digest passed CheckMessage")
+	}
+}
