@@ -78,7 +78,7 @@ func TestNewErrorNotifiesEveryChannelOnce(t *testing.T) {
 	// What people act on: the project by name (from the rules snapshot),
 	// the rule in words, and Hawk's page of the event.
 	eventURL := "https://garage.hawk.so/project/" + project + "/event/grp-a/overview"
-	if a["version"] != "3" || a["projectName"] != "test project" || a["ruleDescription"] != "new errors" ||
+	if a["version"] != "4" || a["projectName"] != "test project" || a["ruleDescription"] != "new errors" ||
 		a["event"].(map[string]any)["url"] != eventURL {
 		t.Errorf("webhook body %v: want version 3, the project's name, the rule in words and the event's URL", a)
 	}

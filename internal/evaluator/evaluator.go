@@ -8,7 +8,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -59,6 +58,13 @@ type Groups interface {
 	Group(ctx context.Context, projectID, groupHash string) (events.Group, error)
 }
 
+// Storms follows the storms that SEEN_MORE firings start, for their
+// "storm over" messages (storm.Tracker).
+type Storms interface {
+	Wants(r *rules.Rule) bool
+	Start(ctx context.Context, r *rules.Rule, window int, n *notify.Notification) error
+}
+
 // Evaluator handles batches of incoming events.
 type Evaluator struct {
 	Rules     Rules
@@ -76,8 +82,11 @@ type Evaluator struct {
 	// carry, with {projectId} and {groupHash} (KLAXON_EVENT_URL); "" for
 	// none.
 	EventURL string
-	Log      *slog.Logger
-	Metrics  *metrics.Metrics
+	// Storms, when set, is told of every firing of a rule that wants
+	// "storm over" messages.
+	Storms  Storms
+	Log     *slog.Logger
+	Metrics *metrics.Metrics
 }
 
 // Handle processes a batch; returning nil acks all of it. Dead letters and
@@ -176,7 +185,33 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 			return fmt.Errorf("publish %d dead letters and delivery jobs: %w", len(out), err)
 		}
 	}
+	if err := e.startStorms(ctx, events, msgs, results); err != nil {
+		return err
+	}
 	e.record(tally, events, results, &regs)
+	return nil
+}
+
+// startStorms tells Storms of the batch's firings that want a "storm
+// over" message, replays included: a batch that failed after counting
+// comes back with its firings replayed, and Storms knows the ones it saw.
+func (e *Evaluator) startStorms(ctx context.Context, events []counter.Event, msgs []event.Message, results []counter.Result) error {
+	if e.Storms == nil {
+		return nil
+	}
+	for i, res := range results {
+		for k := range res.Outcomes {
+			o := &res.Outcomes[k]
+			if !o.Fired || o.Window < 0 || !e.Storms.Wants(o.Rule) {
+				continue
+			}
+			n := Notification(&events[i], &msgs[i], o)
+			n.Event.URL = EventURL(e.EventURL, events[i].ProjectID, events[i].GroupHash)
+			if err := e.Storms.Start(ctx, o.Rule, o.Window, &n); err != nil {
+				return fmt.Errorf("follow the storm of firing %s: %w", o.ID, err)
+			}
+		}
+	}
 	return nil
 }
 
@@ -384,22 +419,11 @@ func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result
 		if g, ok := groups[groupKey{ev.ProjectID, ev.GroupHash}]; ok {
 			n.History = &notify.History{TotalCount: g.TotalCount, FirstSeen: g.FirstSeen, DaysRepeated: g.DaysRepeated, TopFrame: g.TopFrame}
 		}
-		for _, c := range rule.Channels {
-			job := wire.Job{
-				Channel: c.Name, Endpoint: c.Endpoint, MinPeriod: c.MinPeriod.Milliseconds(),
-				ProjectID: ev.ProjectID, RuleID: rule.ID, Notification: &n,
-			}
-			body, err := json.Marshal(job)
-			if err != nil {
-				return nil, fmt.Errorf("encode delivery job: %w", err)
-			}
-			jobs = append(jobs, queue.Message{
-				RoutingKey:  e.DeliveryQueue,
-				Body:        body,
-				MessageID:   job.Key(),
-				ContentType: "application/json",
-			})
+		msgs, err := wire.Deliveries(e.DeliveryQueue, ev.ProjectID, rule, &n)
+		if err != nil {
+			return nil, err
 		}
+		jobs = append(jobs, msgs...)
 	}
 	return jobs, nil
 }

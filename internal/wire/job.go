@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/snooze"
 )
@@ -69,4 +70,23 @@ func DecodeJob(body []byte) (Job, error) {
 		return j, fmt.Errorf("delivery job's notification has no id")
 	}
 	return j, nil
+}
+
+// Deliveries is notification n as one delivery job per channel of rule,
+// each a message for queue q named by its Key: the evaluator's firings and
+// the storm tracker's "storm over" messages go out the same way.
+func Deliveries(q, projectID string, rule *rules.Rule, n *notify.Notification) ([]queue.Message, error) {
+	msgs := make([]queue.Message, 0, len(rule.Channels))
+	for _, c := range rule.Channels {
+		job := Job{
+			Channel: c.Name, Endpoint: c.Endpoint, MinPeriod: c.MinPeriod.Milliseconds(),
+			ProjectID: projectID, RuleID: rule.ID, Notification: n,
+		}
+		body, err := json.Marshal(job)
+		if err != nil {
+			return nil, fmt.Errorf("encode delivery job: %w", err)
+		}
+		msgs = append(msgs, queue.Message{RoutingKey: q, Body: body, MessageID: job.Key(), ContentType: "application/json"})
+	}
+	return msgs, nil
 }

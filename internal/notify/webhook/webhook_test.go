@@ -65,7 +65,7 @@ func TestThresholdBody(t *testing.T) {
 		}
 	}
 	want := map[string]any{
-		"version": "3", "id": "n-1", "type": "threshold", "projectId": n.ProjectID, "ruleId": n.RuleID,
+		"version": "4", "id": "n-1", "type": "threshold", "projectId": n.ProjectID, "ruleId": n.RuleID,
 		"projectName": "", "ruleDescription": "",
 		"count": 150.0, "threshold": 100.0, "period": 60000.0,
 	}
