@@ -36,7 +36,30 @@ func burst(project, title, group string, base time.Time, n int) []message {
 // tenSecondsAgo is a whole 100 ms (a bucket's start for 1 s windows) ten
 // seconds before now: a storm made of events stamped from it is over, and
 // its length and events exact, at the worker's first look.
-func tenSecondsAgo() time.Time { return time.Now().Add(-10 * time.Second).Truncate(100 * time.Millisecond) }
+func tenSecondsAgo() time.Time {
+	return time.Now().Add(-10 * time.Second).Truncate(100 * time.Millisecond)
+}
+
+// seenMore is a rule of 5 events in 1 s, for titles with word.
+func seenMore(word string, fields bson.M) bson.M {
+	r := rule(bson.M{"whatToReceive": "SEEN_MORE", "including": bson.A{word}, "threshold": 5, "thresholdPeriod": 1000})
+	for k, v := range fields {
+		r[k] = v
+	}
+	return r
+}
+
+// twoStorms publishes a storm of 6 "DatabaseError" events and one of 6
+// "CacheError" events, each over at the worker's first look, and waits
+// for the two firings and the one storm-over message it wants. It returns
+// the webhook bodies and when the storms began.
+func (h *harness) twoStorms(project string) ([]map[string]any, time.Time) {
+	base := tenSecondsAgo()
+	h.publish(append(burst(project, "DatabaseError", "db", base, 6), burst(project, "CacheError", "cache", base, 6)...)...)
+	bodies := h.webhookBodies(3)
+	waitQuiet(h.t, func() int { return len(h.webhook.Requests()) }, 3)
+	return bodies, base
+}
 
 func stormOverBodies(bodies []map[string]any) []map[string]any {
 	var out []map[string]any
@@ -52,19 +75,12 @@ func TestStormOverOnceOnEveryChannel(t *testing.T) {
 	h := newHarness(t)
 	channels := h.allChannels()
 	channels["loop"] = bson.M{"isEnabled": true, "endpoint": h.loop.URL, "minPeriod": 0}
-	stormy := rule(bson.M{"whatToReceive": "SEEN_MORE", "including": bson.A{"database"}, "threshold": 5, "thresholdPeriod": 1000,
-		"stormOver": true, "channels": channels})
-	plain := rule(bson.M{"whatToReceive": "SEEN_MORE", "including": bson.A{"cache"}, "threshold": 5, "thresholdPeriod": 1000,
-		"channels": h.webhookOnly()})
+	stormy := seenMore("database", bson.M{"stormOver": true, "channels": channels})
+	plain := seenMore("cache", bson.M{"channels": h.webhookOnly()})
 	project := h.project(stormy, plain)
 	h.start()
-
-	base := tenSecondsAgo()
-	h.publish(append(burst(project, "DatabaseError", "db", base, 6), burst(project, "CacheError", "cache", base, 6)...)...)
-
 	// Two firings and one storm over on the webhook; one of each elsewhere.
-	bodies := h.webhookBodies(3)
-	waitQuiet(t, func() int { return len(h.webhook.Requests()) }, 3)
+	bodies, base := h.twoStorms(project)
 	over := stormOverBodies(bodies)
 	if len(over) != 1 {
 		t.Fatalf("%d storm-over bodies, want 1: %v", len(over), bodies)
@@ -187,17 +203,11 @@ func TestStormThatGoesOnIsOneStorm(t *testing.T) {
 func TestStormOverSettingTurnsItOnForEveryRule(t *testing.T) {
 	h := newHarness(t)
 	h.env["KLAXON_STORM_OVER"] = "true"
-	unsaid := rule(bson.M{"whatToReceive": "SEEN_MORE", "including": bson.A{"database"}, "threshold": 5, "thresholdPeriod": 1000,
-		"channels": h.webhookOnly()})
-	optedOut := rule(bson.M{"whatToReceive": "SEEN_MORE", "including": bson.A{"cache"}, "threshold": 5, "thresholdPeriod": 1000,
-		"stormOver": false, "channels": h.webhookOnly()})
+	unsaid := seenMore("database", bson.M{"channels": h.webhookOnly()})
+	optedOut := seenMore("cache", bson.M{"stormOver": false, "channels": h.webhookOnly()})
 	project := h.project(unsaid, optedOut)
 	h.start()
-
-	base := tenSecondsAgo()
-	h.publish(append(burst(project, "DatabaseError", "db", base, 6), burst(project, "CacheError", "cache", base, 6)...)...)
-	bodies := h.webhookBodies(3)
-	waitQuiet(t, func() int { return len(h.webhook.Requests()) }, 3)
+	bodies, _ := h.twoStorms(project)
 	over := stormOverBodies(bodies)
 	if len(over) != 1 || over[0]["ruleId"] != unsaid["_id"].(bson.ObjectID).Hex() {
 		t.Fatalf("storm-over bodies %v: want one, for the rule that did not say", over)

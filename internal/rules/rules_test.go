@@ -274,10 +274,10 @@ func TestStormOverChoice(t *testing.T) {
 			StormOver: s, Channels: hook()}
 	}
 	for _, c := range []struct {
-		name      string
-		spec      Spec
+		name       string
+		spec       Spec
 		alone, all bool // wanted without and with KLAXON_STORM_OVER
-		warning   string
+		warning    string
 	}{
 		{"unsaid", seen(nil, ""), false, true, ""},
 		{"on", seen(&yes, ""), true, true, ""},
