@@ -222,6 +222,7 @@ func (t *Tracker) Sweep(ctx context.Context) error {
 	}
 	reply, err := t.claim.Run(ctx, t.cfg.Redis, []string{t.dueKey()}, t.cfg.Lease.Milliseconds(), claimBatch).StringSlice()
 	if err != nil {
+		t.cfg.Metrics.Storms.WithLabelValues("error").Inc()
 		return fmt.Errorf("claim due storms: %w", err)
 	}
 	if len(reply) < 1 {
