@@ -176,8 +176,9 @@ func (t *Tracker) Start(ctx context.Context, r *rules.Rule, w int, n *notify.Not
 	if err != nil {
 		return fmt.Errorf("encode storm %s: %w", n.ID, err)
 	}
-	res, err := t.start.Run(ctx, t.cfg.Redis, []string{t.dueKey(), t.activeKey(&rec), t.seenKey(n.ID), t.recordKey(n.ID)},
-		n.ID, data, h.next(now), seenFor.Milliseconds()).Int64()
+	active := t.activeKey(&rec)
+	res, err := t.start.Run(ctx, t.cfg.Redis, []string{t.dueKey(), active, t.seenKey(n.ID), t.recordKey(n.ID), active + ":last"},
+		n.ID, data, h.next(now), seenFor.Milliseconds(), n.FiredAt.UnixMilli()).Int64()
 	if err != nil {
 		return fmt.Errorf("start storm of %s: %w", n.ID, err)
 	}
@@ -290,8 +291,13 @@ func (t *Tracker) check(ctx context.Context, id, lease string) error {
 		rec.Over, rec.Channels = &over, r.Channels
 		// Decided: written before anything is published, so that whoever
 		// publishes it publishes this one message.
-		if ok, err := t.save(ctx, id, lease, &rec, lease, true); err != nil || !ok {
+		res, err := t.write(ctx, id, lease, &rec, lease, true, strconv.FormatInt(h.Loud, 10))
+		if err != nil || res == lostLease {
 			return err
+		}
+		if res == joined {
+			t.cfg.Log.Debug("a firing joined the storm as it ended: looking again", "storm_id", id)
+			return nil
 		}
 	}
 	msgs, err := wire.Deliveries(t.cfg.DeliveryQueue, rec.ProjectID, &rules.Rule{ID: rec.RuleID, Channels: rec.Channels}, rec.Over)
@@ -336,12 +342,26 @@ func (t *Tracker) rule(rec *record) (*rules.Rule, string) {
 // window for a new storm. It does nothing, and says false, if the worker's
 // lease was lost: another worker holds the storm.
 func (t *Tracker) save(ctx context.Context, id, lease string, rec *record, next string, end bool) (bool, error) {
+	res, err := t.write(ctx, id, lease, rec, next, end, "")
+	return res == 1, err
+}
+
+// Replies of save.lua.
+const (
+	lostLease = 0
+	saved     = 1
+	joined    = 2 // a firing joined the storm after it fell quiet
+)
+
+// write is save, and with quiet (when the storm fell quiet, Unix ms) the
+// end of a storm found over, refused (joined) if a firing joined it since.
+func (t *Tracker) write(ctx context.Context, id, lease string, rec *record, next string, end bool, quiet string) (int64, error) {
 	var data []byte
 	active := t.key("none")
 	if rec != nil {
 		var err error
 		if data, err = json.Marshal(rec); err != nil {
-			return false, fmt.Errorf("encode storm %s: %w", id, err)
+			return lostLease, fmt.Errorf("encode storm %s: %w", id, err)
 		}
 		active = t.activeKey(rec)
 	}
@@ -349,14 +369,15 @@ func (t *Tracker) save(ctx context.Context, id, lease string, rec *record, next 
 	if end {
 		endFlag = "1"
 	}
-	ok, err := t.store.Run(ctx, t.cfg.Redis, []string{t.dueKey(), t.recordKey(id), active}, id, lease, data, next, endFlag).Int64()
+	res, err := t.store.Run(ctx, t.cfg.Redis, []string{t.dueKey(), t.recordKey(id), active, active + ":last"},
+		id, lease, data, next, endFlag, quiet, 0).Int64()
 	if err != nil {
-		return false, fmt.Errorf("save storm %s: %w", id, err)
+		return lostLease, fmt.Errorf("save storm %s: %w", id, err)
 	}
-	if ok == 0 {
+	if res == lostLease {
 		t.cfg.Log.Warn("storm lease lost: another worker checks it", "storm_id", id)
 	}
-	return ok == 1, nil
+	return res, nil
 }
 
 // overMessage is the message that ends the storm.

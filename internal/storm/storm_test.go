@@ -275,3 +275,60 @@ func TestFiringDuringAStormJoinsIt(t *testing.T) {
 	}
 	checkOver(t, s.wait(a), o.ID, 6, 800)
 }
+
+// racingRings is a ring reader that, once armed, lets something happen
+// (a firing counted and told) just after a check read the ring: the
+// check then decides on what it read before.
+type racingRings struct {
+	engine *counter.Engine
+	then   func()
+}
+
+func (r *racingRings) Ring(ctx context.Context, projectID, groupHash string, rule *rules.Rule, w int) (counter.Ring, error) {
+	ring, err := r.engine.Ring(ctx, projectID, groupHash, rule, w)
+	if then := r.then; then != nil {
+		r.then = nil
+		then()
+	}
+	return ring, err
+}
+
+func TestFiringAsTheStormEndsKeepsItGoing(t *testing.T) {
+	s := newSetup(t)
+	o, _ := s.storm("g6", 6)
+	rings := &racingRings{engine: s.engine}
+	tr := storm.New(storm.Config{Redis: s.rdb, Prefix: s.prefix, Rings: rings, Rules: staticRules{rules.NewMatcher([]*rules.Rule{s.rule})},
+		Publisher: s.pub, DeliveryQueue: s.queue, Poll: 20 * time.Millisecond, Metrics: metrics.New(prometheus.NewRegistry())})
+	if err := tr.Start(context.Background(), s.rule, 0, firing(o, "g6")); err != nil {
+		t.Fatal(err)
+	}
+	// The check reads a quiet ring; before it records the end, five new
+	// events fire again, and the firing joins the storm.
+	rings.then = func() {
+		var events []counter.Event
+		for range 5 {
+			events = append(events, counter.Event{ProjectID: project, GroupHash: "g6", Rules: []*rules.Rule{s.rule}})
+		}
+		res, err := s.engine.ObserveBatch(context.Background(), time.Now().UnixNano(), events)
+		if err != nil || !res[4].Outcomes[0].Fired {
+			t.Errorf("the new events did not fire: %v", err)
+			return
+		}
+		if err := tr.Start(context.Background(), s.rule, 0, firing(res[4].Outcomes[0], "g6")); err != nil {
+			t.Error(err)
+		}
+	}
+	jobs := s.wait(tr)
+	if len(jobs) != 2 {
+		t.Fatalf("%d jobs, want one storm-over message on each of 2 channels", len(jobs))
+	}
+	for _, d := range jobs {
+		j, err := wire.DecodeJob(d.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := j.Notification.Storm; st.FiringID != o.ID || st.Events != 11 || j.Notification.ID != storm.OverID(o.ID) {
+			t.Errorf("storm %+v: want the first firing's storm, with all 11 events", st)
+		}
+	}
+}
