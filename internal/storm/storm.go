@@ -238,17 +238,12 @@ func (t *Tracker) Sweep(ctx context.Context) error {
 		if err != nil {
 			t.cfg.Metrics.Storms.WithLabelValues("error").Inc()
 			t.cfg.Log.Warn("storm check failed; tried again when its lease ends", "storm_id", id, "error", err)
-			first = cmp(first, err)
+			if first == nil {
+				first = err
+			}
 		}
 	}
 	return first
-}
-
-func cmp(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 // check looks at one claimed storm: ends it, or says when to look next.
