@@ -47,10 +47,7 @@ func newHistory(start, initial, period, bucket int64) *history {
 func (h *history) observe(now, at int64, counts map[int64]int64, threshold int64) {
 	p, b := h.Period, h.Bucket
 	if at <= 0 || at > now {
-		at = min(max(at, 0), now)
-		if at == 0 {
-			at = now // no ring: every bucket of the last period is empty
-		}
+		at = now // no ring: every bucket of the last period is empty
 	}
 	// The ring knows every bucket from `from` to floor(at/b), and none
 	// after it holds events up to now.
