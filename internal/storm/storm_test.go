@@ -34,7 +34,7 @@ func (s staticRules) Ready() bool                   { return true }
 // channels, and a confirmed publisher to a queue of the test's own.
 type setup struct {
 	t      *testing.T
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	prefix string
 	engine *counter.Engine
 	rule   *rules.Rule
@@ -69,6 +69,12 @@ func newSetup(t *testing.T) *setup {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// onCluster moves the setup to a Redis Cluster of the test's own.
+func (s *setup) onCluster() {
+	s.rdb = testenv.Cluster(s.t)
+	s.engine = counter.New(s.rdb, counter.Options{Prefix: s.prefix})
 }
 
 func (s *setup) tracker(pub storm.Publisher, lease time.Duration) *storm.Tracker {
@@ -329,6 +335,35 @@ func TestFiringAsTheStormEndsKeepsItGoing(t *testing.T) {
 		}
 		if st := j.Notification.Storm; st.FiringID != o.ID || st.Events != 11 || j.Notification.ID != storm.OverID(o.ID) {
 			t.Errorf("storm %+v: want the first firing's storm, with all 11 events", st)
+		}
+	}
+}
+
+// On Cluster every storm script touches one slot, whatever node the
+// storm's group lives on.
+func TestStormsOnCluster(t *testing.T) {
+	s := newSetup(t)
+	s.onCluster()
+	a, b := s.tracker(s.pub, time.Minute), s.tracker(s.pub, time.Minute)
+	var ids []string
+	for _, g := range []string{"c1", "c2", "c3", "c4"} {
+		o, _ := s.storm(g, 6)
+		if err := a.Start(context.Background(), s.rule, 0, firing(o, g)); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, storm.OverID(o.ID))
+	}
+	jobs := s.wait(a, b)
+	if len(jobs) != 8 {
+		t.Fatalf("%d jobs, want 4 storms on 2 channels", len(jobs))
+	}
+	seen := map[string]bool{}
+	for _, d := range jobs {
+		seen[d.MessageId] = true
+	}
+	for _, id := range ids {
+		if !seen[id+":webhook"] || !seen[id+":slack"] {
+			t.Errorf("no storm-over jobs for %s in %v", id, seen)
 		}
 	}
 }
