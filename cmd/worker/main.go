@@ -7,6 +7,8 @@
 //	queue.Consumer (KLAXON_QUEUE)
 //	  → evaluator: event.Decode → store.Cache rules → rules.Match → counter.Observe
 //	  → queue.Publisher: dead letters (<queue>.dead) and delivery jobs (<prefix>.deliveries)
+//	  → storm.Tracker: storms of firings that want a "storm over" message,
+//	    swept in Redis and ended with delivery jobs of their own
 //	queue.Consumer (<prefix>.deliveries)
 //	  → deliverer: claim → minPeriod digest → notify channel → record, or retry later
 //
@@ -46,6 +48,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/store"
+	"github.com/klaxonhq/klaxon/internal/storm"
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
@@ -126,10 +129,15 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	work = append(work, cache.Run)
 
 	if cfg.Role.Evaluates() {
+		engine := counter.New(rdb, counter.Options{Prefix: cfg.Prefix, DedupTTL: cfg.DedupTTL,
+			GroupsPerCall: cfg.GroupsPerCall, WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout})
+		storms := storm.New(storm.Config{Redis: rdb, Prefix: cfg.Prefix, Rings: engine, Rules: cache, Publisher: pub,
+			DeliveryQueue: wire.DeliveryQueue(cfg.Prefix), All: cfg.StormOver, Log: log.With("stage", "storms"), Metrics: m})
+		work = append(work, storms.Run)
 		eval := &evaluator.Evaluator{
-			Rules: cache,
-			Counter: counter.New(rdb, counter.Options{Prefix: cfg.Prefix, DedupTTL: cfg.DedupTTL,
-				GroupsPerCall: cfg.GroupsPerCall, WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout}),
+			Rules:         cache,
+			Counter:       engine,
+			Storms:        storms,
 			Publisher:     pub,
 			DeadQueue:     wire.DeadQueue(cfg.Queue),
 			DeliveryQueue: wire.DeliveryQueue(cfg.Prefix),

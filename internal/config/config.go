@@ -60,6 +60,7 @@ const (
 	EnvRulesRefresh   = "KLAXON_RULES_REFRESH"
 	EnvSendTimeout    = "KLAXON_SEND_TIMEOUT"
 	EnvPprof          = "KLAXON_PPROF"
+	EnvStormOver      = "KLAXON_STORM_OVER"
 	// Endpoints from rules (internal/netguard).
 	EnvAllowPrivateNetworks = "KLAXON_ALLOW_PRIVATE_NETWORKS"
 	EnvAllowPorts           = "KLAXON_ALLOW_PORTS"
@@ -118,6 +119,7 @@ const (
 	defaultRefresh       = 5 * time.Second
 	defaultSendTimeout   = 10 * time.Second
 	defaultPprof         = false
+	defaultStormOver     = false
 	defaultAllowPorts    = "80,443"
 	defaultSlackHosts    = "hooks.slack.com/services/"
 	defaultTelegramHooks = "notify.bot.codex.so"
@@ -177,6 +179,7 @@ func Variables() []Variable {
 		{EnvRulesRefresh, "", formatDuration(defaultRefresh), false, "how often rules are reloaded from MongoDB or the file"},
 		{EnvSendTimeout, "", formatDuration(defaultSendTimeout), false, "time limit of one delivery attempt to a provider"},
 		{EnvPprof, "", strconv.FormatBool(defaultPprof), false, "serve Go's profiler (net/http/pprof) under /debug/pprof/ on KLAXON_HTTP_ADDR"},
+		{EnvStormOver, "", strconv.FormatBool(defaultStormOver), false, "send a \"storm over\" message after every SEEN_MORE rule's storm, unless the rule says stormOver: false"},
 		{EnvWaitReplicas, "", "0", false, "Redis replicas that must acknowledge a batch's writes before its messages are acked (0-16; Sentinel or single node)"},
 		{EnvWaitTimeout, "", formatDuration(defaultWaitTimeout), false, "how long a write waits for KLAXON_REDIS_WAIT_REPLICAS before its batch is held and retried"},
 		{EnvAllowPrivateNetworks, "", "", false, "CIDRs that endpoints from rules may reach besides the public internet, on any port"},
@@ -243,6 +246,7 @@ type Config struct {
 	RulesRefresh   time.Duration // KLAXON_RULES_REFRESH, > 0
 	SendTimeout    time.Duration // KLAXON_SEND_TIMEOUT, > 0
 	Pprof          bool          // KLAXON_PPROF: serve /debug/pprof/ on HTTPAddr
+	StormOver      bool          // KLAXON_STORM_OVER: "storm over" messages for rules that do not say
 	// What endpoints from rules may reach, in canonical comma-separated
 	// form (kept as strings so that a Config compares with ==); use
 	// EndpointPolicy, SlackPatterns and TelegramHookPatterns.
@@ -432,6 +436,7 @@ func Load(getenv func(string) string) (Config, error) {
 	c.RulesRefresh = l.duration(EnvRulesRefresh, defaultRefresh)
 	c.SendTimeout = l.duration(EnvSendTimeout, defaultSendTimeout)
 	c.Pprof = l.boolean(EnvPprof, defaultPprof)
+	c.StormOver = l.boolean(EnvStormOver, defaultStormOver)
 	l.endpoints(&c)
 	c.DigestMaxFirings = l.count(EnvDigestMaxFirings, defaultDigestFirings, 1, 10_000)
 	c.DigestMaxBytes = int(l.size(EnvDigestMaxBytes, defaultDigestBytes, 1<<10, 16<<20))

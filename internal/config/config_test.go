@@ -232,6 +232,8 @@ func TestLoadValues(t *testing.T) {
 		{"prefix", map[string]string{EnvPrefix: "klaxon-staging:v2"}, func(c Config) bool { return c.Prefix == "klaxon-staging:v2" }},
 		{"pprof", map[string]string{EnvPprof: "TRUE"}, func(c Config) bool { return c.Pprof }},
 		{"pprof off", map[string]string{EnvPprof: "0"}, func(c Config) bool { return !c.Pprof }},
+		{"storm over", map[string]string{EnvStormOver: "true"}, func(c Config) bool { return c.StormOver }},
+		{"storm over off by default", map[string]string{}, func(c Config) bool { return !c.StormOver }},
 		{"bounds", map[string]string{EnvDigestMaxFirings: "50", EnvDigestMaxBytes: "64KiB", EnvDeadMaxMessages: "1000", EnvDeadMaxBytes: "1GiB"},
 			func(c Config) bool {
 				return c.DigestMaxFirings == 50 && c.DigestMaxBytes == 64<<10 && c.DeadMaxMessages == 1000 && c.DeadMaxBytes == 1<<30
@@ -326,6 +328,7 @@ func TestLoadInvalid(t *testing.T) {
 		{map[string]string{EnvRulesRefresh: "0s"}, EnvRulesRefresh, "not positive"},
 		{map[string]string{EnvSendTimeout: "-1s"}, EnvSendTimeout, "not positive"},
 		{map[string]string{EnvPprof: "yes"}, EnvPprof, `"yes" is not true or false`},
+		{map[string]string{EnvStormOver: "all"}, EnvStormOver, `"all" is not true or false`},
 		{map[string]string{EnvDigestMaxFirings: "0"}, EnvDigestMaxFirings, "from 1 to 10000"},
 		{map[string]string{EnvDigestMaxBytes: "1MB"}, EnvDigestMaxBytes, "not a size from 1KiB to 16MiB"},
 		{map[string]string{EnvDigestMaxBytes: "100"}, EnvDigestMaxBytes, "not a size from 1KiB"},

@@ -8,7 +8,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -59,6 +58,13 @@ type Groups interface {
 	Group(ctx context.Context, projectID, groupHash string) (events.Group, error)
 }
 
+// Storms follows the storms that SEEN_MORE firings start, for their
+// "storm over" messages (storm.Tracker).
+type Storms interface {
+	Wants(r *rules.Rule) bool
+	Start(ctx context.Context, r *rules.Rule, window int, n *notify.Notification) error
+}
+
 // Evaluator handles batches of incoming events.
 type Evaluator struct {
 	Rules     Rules
@@ -76,8 +82,11 @@ type Evaluator struct {
 	// carry, with {projectId} and {groupHash} (KLAXON_EVENT_URL); "" for
 	// none.
 	EventURL string
-	Log      *slog.Logger
-	Metrics  *metrics.Metrics
+	// Storms, when set, is told of every firing of a rule that wants
+	// "storm over" messages.
+	Storms  Storms
+	Log     *slog.Logger
+	Metrics *metrics.Metrics
 
 	// counting lets one batch at a time count: batches of one worker
 	// handled at once (queue.ConsumerConfig.Concurrency) decode, match and
@@ -186,7 +195,33 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 			return fmt.Errorf("publish %d dead letters and delivery jobs: %w", len(out), err)
 		}
 	}
+	if err := e.startStorms(ctx, events, msgs, results); err != nil {
+		return err
+	}
 	e.record(tally, events, results, &regs)
+	return nil
+}
+
+// startStorms tells Storms of the batch's firings that want a "storm
+// over" message, replays included: a batch that failed after counting
+// comes back with its firings replayed, and Storms knows the ones it saw.
+func (e *Evaluator) startStorms(ctx context.Context, events []counter.Event, msgs []event.Message, results []counter.Result) error {
+	if e.Storms == nil {
+		return nil
+	}
+	for i, res := range results {
+		for k := range res.Outcomes {
+			o := &res.Outcomes[k]
+			if !o.Fired || o.Window < 0 || !e.Storms.Wants(o.Rule) {
+				continue
+			}
+			n := Notification(&events[i], &msgs[i], o)
+			n.Event.URL = EventURL(e.EventURL, events[i].ProjectID, events[i].GroupHash)
+			if err := e.Storms.Start(ctx, o.Rule, o.Window, &n); err != nil {
+				return fmt.Errorf("follow the storm of firing %s: %w", o.ID, err)
+			}
+		}
+	}
 	return nil
 }
 
@@ -416,16 +451,11 @@ func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result
 			f := job.Firings[0]
 			job.RuleID, job.MinPeriod, job.Notification, job.Firings = f.RuleID, f.MinPeriod, f.Notification, nil
 		}
-		body, err := json.Marshal(job)
+		msg, err := job.Message(e.DeliveryQueue)
 		if err != nil {
-			return nil, fmt.Errorf("encode delivery job: %w", err)
+			return nil, err
 		}
-		jobs = append(jobs, queue.Message{
-			RoutingKey:  e.DeliveryQueue,
-			Body:        body,
-			MessageID:   job.Key(),
-			ContentType: "application/json",
-		})
+		jobs = append(jobs, msg)
 	}
 	return jobs, nil
 }

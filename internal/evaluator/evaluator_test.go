@@ -18,6 +18,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/evaluator"
 	"github.com/klaxonhq/klaxon/internal/event"
 	"github.com/klaxonhq/klaxon/internal/metrics"
+	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/store"
@@ -510,5 +511,45 @@ func TestBatchesCountOneAtATime(t *testing.T) {
 	}
 	if n := fc.overlaps.Load(); n != 0 {
 		t.Errorf("%d calls overlapped another", n)
+	}
+}
+
+// storms records the firings it is told of, as storm.Tracker would start
+// storms for them.
+type storms struct {
+	started []string
+	err     error
+}
+
+func (s *storms) Wants(r *rules.Rule) bool { return r.WantsStormOver(false) }
+
+func (s *storms) Start(_ context.Context, r *rules.Rule, w int, n *notify.Notification) error {
+	s.started = append(s.started, fmt.Sprintf("%s/%d/%s/%s", r.ID, w, n.ID, n.Event.URL))
+	return s.err
+}
+
+func TestFiringsOfStormOverRulesStartStorms(t *testing.T) {
+	on := true
+	snap := compile(t, map[string][]rules.Spec{project: {
+		{ID: "storm", IsEnabled: true, WhatToReceive: rules.SeenMore, Threshold: 2, ThresholdPeriod: 60_000, StormOver: &on, Channels: webhook()},
+		{ID: "plain", IsEnabled: true, WhatToReceive: rules.SeenMore, Threshold: 2, ThresholdPeriod: 60_000, Channels: webhook()},
+	}})
+	pub := &fakePublisher{}
+	e, _ := newEvaluator(snap, &fakeCounter{fire: map[string]bool{"storm": true, "plain": true}}, pub)
+	e.EventURL = "https://hawk.example/{groupHash}"
+	st := &storms{}
+	e.Storms = st
+	b := &queue.Batch{Deliveries: []queue.Delivery{delivery(hawk(project, "t", "g", false), "")}}
+	if err := e.Handle(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	if want := "storm/0/firing-storm/https://hawk.example/g"; len(st.started) != 1 || st.started[0] != want {
+		t.Fatalf("storms started %q, want %q only", st.started, want)
+	}
+	// A storm that cannot be recorded holds the batch: it comes again, its
+	// firings replayed, and the storm is started then.
+	st.err = errors.New("redis down")
+	if err := e.Handle(context.Background(), b); err == nil || !strings.Contains(err.Error(), "redis down") {
+		t.Fatalf("Handle = %v, want the storm's error", err)
 	}
 }

@@ -37,6 +37,10 @@ type Metrics struct {
 	// Batches by stage and outcome (ok, error): a handler error holds the
 	// batch and retries it after a backoff.
 	Batches *prometheus.CounterVec
+	// Storms by outcome: started, over (its message published), dropped
+	// (its rule or window gone), error (a check that failed and is tried
+	// again).
+	Storms *prometheus.CounterVec
 	// RuleLoads by source outcome (ok, error); on error the last good rules serve.
 	RuleLoads *prometheus.CounterVec
 	// RuleWarnings counts malformed or suspicious rules seen at load.
@@ -91,6 +95,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		Batches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "klaxon_batches_total", Help: "Handled batches by stage and outcome.",
 		}, []string{"stage", "outcome"}),
+		Storms: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "klaxon_storms_total", Help: "Storms tracked for \"storm over\" messages, by outcome.",
+		}, []string{"outcome"}),
 		RuleLoads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "klaxon_rule_loads_total", Help: "Rule reloads by outcome.",
 		}, []string{"outcome"}),
@@ -102,6 +109,6 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"dependency"}),
 	}
 	reg.MustRegister(m.Events, m.RulesEvaluated, m.Firings, m.Notifications, m.CircuitChanges, m.CircuitsOpen, m.DeliveryLatency,
-		m.EventLag, m.QueueDepth, m.Batches, m.RuleLoads, m.RuleWarnings, m.Up)
+		m.EventLag, m.QueueDepth, m.Batches, m.Storms, m.RuleLoads, m.RuleWarnings, m.Up)
 	return m
 }

@@ -277,7 +277,18 @@ func renderItem(n Notification) Item {
 	if n.RuleDescription != "" {
 		it.Details = append(it.Details, "Rule: "+Truncate(OneLine(n.RuleDescription), maxRuleText))
 	}
-	it.Details = append(it.Details, "Fired at "+it.FiredAt)
+	if st := n.Storm; n.Type == TypeStormOver && st != nil {
+		it.Details = append(it.Details,
+			fmt.Sprintf("Storm from %s to %s: %s", rfc3339(st.StartedAt), rfc3339(st.QuietSince), stormSize(n)),
+			fmt.Sprintf("Below %d %s in %s since %s", n.Threshold, countNoun(Notification{Count: 2, CountBy: n.CountBy}), HumanDuration(ms(n.Period)), rfc3339(st.QuietSince)),
+			"Closes notification "+st.FiringID)
+		if !st.Exact {
+			it.Details = append(it.Details, "A check came late (an outage): the count is a lower bound, the duration an upper bound")
+		}
+		it.Details = append(it.Details, "Over at "+it.FiredAt)
+	} else {
+		it.Details = append(it.Details, "Fired at "+it.FiredAt)
+	}
 	ids := fmt.Sprintf("Project %s, rule %s, group %s", project(OneLine(n.ProjectName), n.ProjectID), n.RuleID, n.Event.GroupHash)
 	if n.Event.RepetitionID != nil && *n.Event.RepetitionID != "" {
 		ids += ", repetition " + *n.Event.RepetitionID
@@ -299,7 +310,20 @@ func summary(n Notification) string {
 		}
 		return s
 	}
+	if n.Type == TypeStormOver && n.Storm != nil {
+		return fmt.Sprintf("Storm over: %s, then below %d for %s", stormSize(n), n.Threshold, HumanDuration(ms(n.Period)))
+	}
 	return fmt.Sprintf("%s (threshold %d)", ShortSummary(n), n.Threshold)
+}
+
+// stormSize says how big a storm was: "240 events in 3 minutes 20
+// seconds", with "at least" and "at most" when a check came late.
+func stormSize(n Notification) string {
+	st := n.Storm
+	if st.Exact {
+		return fmt.Sprintf("%d %s in %s", st.Events, countNoun(Notification{Count: st.Events, CountBy: n.CountBy}), HumanDuration(ms(st.Duration)))
+	}
+	return fmt.Sprintf("at least %d %s in at most %s", st.Events, countNoun(Notification{Count: st.Events, CountBy: n.CountBy}), HumanDuration(ms(st.Duration)))
 }
 
 // ShortSummary says what fired in a few words, as a subject line does:
@@ -310,6 +334,11 @@ func ShortSummary(n Notification) string {
 		return "new event"
 	case TypeRegressed:
 		return "regressed after it was resolved"
+	case TypeStormOver:
+		if n.Storm != nil {
+			return "storm over: " + stormSize(n)
+		}
+		return "storm over"
 	}
 	s := fmt.Sprintf("%d %s", n.Count, countNoun(n))
 	if n.Period > 0 {

@@ -319,3 +319,31 @@ func TestRenderGrouped(t *testing.T) {
 		t.Error("a message both grouped and a digest passed CheckMessage")
 	}
 }
+
+func TestRenderStormOver(t *testing.T) {
+	n := thresholdNotification()
+	start := firedAt.Add(-5 * time.Minute)
+	n.ID, n.Type, n.Count, n.CountBy, n.Windows = "o-1", notify.TypeStormOver, 240, "events", []notify.WindowStatus{}
+	n.Storm = &notify.Storm{FiringID: "n-1", StartedAt: start, QuietSince: firedAt.Add(-time.Minute),
+		Duration: (4 * time.Minute).Milliseconds(), Events: 240, Exact: true}
+	v := notify.Render(&notify.Message{ID: n.ID, Notifications: []notify.Notification{n}})
+	text := v.Text()
+	for _, want := range []string{
+		"Storm over: 240 events in 4 minutes, then below 100 for 1 minute",
+		"Storm from 2025-01-02T02:59:05Z to 2025-01-02T03:03:05Z: 240 events in 4 minutes",
+		"Below 100 events in 1 minute since 2025-01-02T03:03:05Z",
+		"Closes notification n-1", "Over at 2025-01-02T03:04:05Z", "Notification id o-1",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("no %q in\n%s", want, text)
+		}
+	}
+	if !strings.HasSuffix(v.Subject, "— storm over: 240 events in 4 minutes") || strings.Contains(text, "Fired at") {
+		t.Errorf("subject %q, text\n%s", v.Subject, text)
+	}
+	n.Storm.Exact = false
+	text = notify.Render(&notify.Message{ID: n.ID, Notifications: []notify.Notification{n}}).Text()
+	if !strings.Contains(text, "at least 240 events in at most 4 minutes") || !strings.Contains(text, "lower bound") {
+		t.Errorf("an inexact storm reads\n%s", text)
+	}
+}

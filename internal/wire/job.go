@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/snooze"
 )
@@ -133,4 +134,33 @@ func DecodeJob(body []byte) (Job, error) {
 		return j, fmt.Errorf("delivery job's notification has no id")
 	}
 	return j, nil
+}
+
+// Deliveries is notification n as one delivery job per channel of rule,
+// each a message for queue q named by its Key: how the storm tracker's
+// "storm over" messages go out (the evaluator first gathers an event's
+// firings by destination).
+func Deliveries(q, projectID string, rule *rules.Rule, n *notify.Notification) ([]queue.Message, error) {
+	msgs := make([]queue.Message, 0, len(rule.Channels))
+	for _, c := range rule.Channels {
+		job := Job{
+			Channel: c.Name, Endpoint: c.Endpoint, MinPeriod: c.MinPeriod.Milliseconds(),
+			ProjectID: projectID, RuleID: rule.ID, Notification: n,
+		}
+		msg, err := job.Message(q)
+		if err != nil {
+			return nil, err
+		}
+		msgs = append(msgs, msg)
+	}
+	return msgs, nil
+}
+
+// Message is the job as a message for the delivery queue q.
+func (j *Job) Message(q string) (queue.Message, error) {
+	body, err := json.Marshal(j)
+	if err != nil {
+		return queue.Message{}, fmt.Errorf("encode delivery job: %w", err)
+	}
+	return queue.Message{RoutingKey: q, Body: body, MessageID: j.Key(), ContentType: "application/json"}, nil
 }
