@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Starts the local services Klaxon's tests and demo need, when they do not
 # answer: Redis on 127.0.0.1:6379 and RabbitMQ on 127.0.0.1:5672, with its
-# consistent-hash exchange plugin enabled. MongoDB
-# needs nothing: tests and the demo run FerretDB in-process (cmd/devmongo).
+# consistent-hash exchange plugin enabled. MongoDB needs nothing: tests and
+# the demo run FerretDB in-process (cmd/devmongo).
 # Source it, then call ensure_services.
 
 install_pkg() { # command package
