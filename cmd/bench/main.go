@@ -778,8 +778,11 @@ func (b *bench) runKlaxon(ctx context.Context, bin, variant string, k int) (Resu
 			return res, nil, err
 		}
 	}
-	// Let the notifications of the run arrive before counting them.
+	// Let the notifications of the run arrive before counting them: the
+	// delivery queue empty, then the sink quiet (jobs taken but not yet
+	// sent are not in the queue's ready count).
 	b.waitEmpty(ctx, wire.DeliveryQueue(kprefix), 10*time.Second)
+	b.waitQuiet(ctx, time.Second, 10*time.Second)
 	res.Notifications = b.sink.received.Load() - notified
 
 	if b.o.latency > 0 {
@@ -866,6 +869,21 @@ func (b *bench) waitEmpty(ctx context.Context, queue string, timeout time.Durati
 		}
 		if sleep(ctx, 20*time.Millisecond) != nil {
 			return
+		}
+	}
+}
+
+// waitQuiet waits, up to timeout, until the sink has received nothing new
+// for quiet.
+func (b *bench) waitQuiet(ctx context.Context, quiet, timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	last, since := b.sink.received.Load(), time.Now()
+	for time.Now().Before(deadline) && time.Since(since) < quiet {
+		if sleep(ctx, 20*time.Millisecond) != nil {
+			return
+		}
+		if n := b.sink.received.Load(); n != last {
+			last, since = n, time.Now()
 		}
 	}
 }
