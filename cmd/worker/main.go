@@ -23,6 +23,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -60,6 +61,13 @@ func main() {
 	// offers no per-client one: set it once, here, so that stderr stays
 	// JSON lines. Tests that call run keep the library's default.
 	redis.SetLogger(redisLogger{log.With("component", "go-redis")})
+	if os.Getenv("GOGC") == "" {
+		// A batch's garbage dies with it, and the live heap is tens of MB:
+		// collecting at 4× it rather than Go's 2× halves the collector's
+		// share of the worker's CPU for a few tens of MB more
+		// (docs/benchmarks.md). GOGC and GOMEMLIMIT still win.
+		debug.SetGCPercent(400)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	context.AfterFunc(ctx, func() {
@@ -118,38 +126,45 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	work = append(work, cache.Run)
 
 	if cfg.Role.Evaluates() {
-		eval := &evaluator.Evaluator{
-			Rules: cache,
-			Counter: counter.New(rdb, counter.Options{Prefix: cfg.Prefix, DedupTTL: cfg.DedupTTL,
-				GroupsPerCall: cfg.GroupsPerCall, WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout}),
-			Publisher:     pub,
-			DeadQueue:     wire.DeadQueue(cfg.Queue),
-			DeliveryQueue: wire.DeliveryQueue(cfg.Prefix),
-			EventURL:      cfg.EventURL,
-			Log:           log.With("stage", "evaluator"),
-			Metrics:       m,
-		}
+		counts := counter.New(rdb, counter.Options{Prefix: cfg.Prefix, DedupTTL: cfg.DedupTTL,
+			GroupsPerCall: cfg.GroupsPerCall, WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout})
+		var groups evaluator.Groups
 		if cfg.EventsMongoURL != "" {
 			// Optional: the driver connects lazily, and every read is
 			// bounded and cached, so an events database that is down at
 			// start or later costs messages their history, nothing more.
-			groups, err := events.NewReader(cfg.EventsMongoURL, cfg.EventsDatabase, events.Options{})
+			reader, err := events.NewReader(cfg.EventsMongoURL, cfg.EventsDatabase, events.Options{})
 			if err != nil {
 				return fmt.Errorf("%s: %w", config.EnvEventsMongoURL, err)
 			}
-			defer groups.Close(context.Background())
-			eval.Groups = groups
+			defer reader.Close(context.Background())
+			groups = reader
 		}
 		// One consumer per incoming queue, each on its own connection: a
-		// queue deleted or refused holds up its own consumer only.
+		// queue deleted or refused holds up its own consumer only. And one
+		// evaluator per queue, sharing everything but the lock that lets
+		// one batch at a time count: the hashed queues hold disjoint
+		// groups, so their batches count side by side without losing
+		// compare-and-sets to each other.
 		for _, in := range cfg.IncomingQueues() {
+			eval := &evaluator.Evaluator{
+				Rules:         cache,
+				Counter:       counts,
+				Publisher:     pub,
+				Groups:        groups,
+				DeadQueue:     wire.DeadQueue(cfg.Queue),
+				DeliveryQueue: wire.DeliveryQueue(cfg.Prefix),
+				EventURL:      cfg.EventURL,
+				Log:           log.With("stage", "evaluator"),
+				Metrics:       m,
+			}
 			name := "klaxon-evaluator"
 			if in.Name != cfg.Queue {
 				name += " " + in.Name
 			}
 			c, err := queue.NewConsumer(queue.ConsumerConfig{
 				URL: cfg.AMQPURL, Queue: in.Name, Exchange: in.Exchange, QueueType: queue.Type(cfg.QueueType), ConnectionName: name,
-				Prefetch: cfg.Prefetch, MaxBatch: cfg.BatchSize, Logger: log.With("stage", "evaluator"),
+				Prefetch: cfg.Prefetch, MaxBatch: cfg.BatchSize, Concurrency: 2, InOrder: true, Logger: log.With("stage", "evaluator"),
 				Hooks: batchHooks(m, "evaluator", in.Name),
 			})
 			if err != nil {

@@ -78,6 +78,13 @@ type Evaluator struct {
 	EventURL string
 	Log      *slog.Logger
 	Metrics  *metrics.Metrics
+
+	// counting lets one batch at a time count: batches of one worker
+	// handled at once (queue.ConsumerConfig.Concurrency) decode, match and
+	// publish side by side, but two counting at once would read the same
+	// groups' states and lose the compare-and-set to each other, sending
+	// both to the script.
+	counting sync.Mutex
 }
 
 // Handle processes a batch; returning nil acks all of it. Dead letters and
@@ -160,7 +167,10 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 	var results []counter.Result
 	if len(events) > 0 {
 		var err error
-		if results, err = e.Counter.ObserveBatch(ctx, b.ID, events); err != nil {
+		e.counting.Lock()
+		results, err = e.Counter.ObserveBatch(ctx, b.ID, events)
+		e.counting.Unlock()
+		if err != nil {
 			return fmt.Errorf("count %d events: %w", len(events), err)
 		}
 		for i, res := range results {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -429,5 +431,79 @@ func TestLongRepetitionIDIsBounded(t *testing.T) {
 	if len(reps) != 3 || reps[0] != "64b7f0c2a1b2c3d4e5f60001" || reps[1] == reps[2] ||
 		!strings.HasPrefix(reps[1], "sha256:") || len(reps[1]) > 128 {
 		t.Errorf("repetition ids %.80q, want the short one as is and the long ones as distinct hashes", reps)
+	}
+}
+
+// blockingCounter holds its first call until release, and counts the calls
+// in it at once.
+type blockingCounter struct {
+	fakeCounter
+	mu       sync.Mutex
+	active   int
+	entered  chan struct{} // one value per call
+	release  chan struct{}
+	overlaps atomic.Int64
+}
+
+func (f *blockingCounter) ObserveBatch(ctx context.Context, token int64, events []counter.Event) ([]counter.Result, error) {
+	f.mu.Lock()
+	f.active++
+	if f.active > 1 {
+		f.overlaps.Add(1)
+	}
+	f.mu.Unlock()
+	f.entered <- struct{}{}
+	<-f.release
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.active--
+	f.reuse = nil // results of their own: the caller reads them unlocked
+	return f.fakeCounter.ObserveBatch(ctx, token, events)
+}
+
+type lockedPublisher struct {
+	mu sync.Mutex
+	fakePublisher
+}
+
+func (p *lockedPublisher) Publish(ctx context.Context, msgs ...queue.Message) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.fakePublisher.Publish(ctx, msgs...)
+}
+
+// Batches handled at once (the consumer's Concurrency) count one at a
+// time: two counting together would lose their compare-and-sets to each
+// other on the groups both hold.
+func TestBatchesCountOneAtATime(t *testing.T) {
+	snap := compile(t, map[string][]rules.Spec{project: {
+		{ID: "new", IsEnabled: true, WhatToReceive: rules.OnlyNew, Channels: webhook()},
+	}})
+	fc := &blockingCounter{fakeCounter: fakeCounter{fire: map[string]bool{"new": true}},
+		entered: make(chan struct{}, 2), release: make(chan struct{})}
+	e, _ := newEvaluator(snap, fc, &lockedPublisher{})
+	handled := make(chan error, 2)
+	handle := func(id string) {
+		b := &queue.Batch{Deliveries: []queue.Delivery{delivery(hawk(project, "E", "g", true), id)}}
+		handled <- e.Handle(context.Background(), b)
+	}
+	go handle("m1")
+	<-fc.entered
+	go handle("m2")
+	// The second batch must not get in while the first counts. A bounded
+	// wait for something that must not happen.
+	select {
+	case <-fc.entered:
+		t.Error("a second batch counted while the first was counting")
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(fc.release)
+	for range 2 {
+		if err := <-handled; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := fc.overlaps.Load(); n != 0 {
+		t.Errorf("%d calls overlapped another", n)
 	}
 }

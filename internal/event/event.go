@@ -5,13 +5,14 @@ package event
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/go-json-experiment/json"
 )
 
 // MaxSize is the largest message accepted; a larger one is dead-lettered

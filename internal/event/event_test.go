@@ -43,6 +43,11 @@ func TestDecodeRejects(t *testing.T) {
 		{`{"projectId":"5e3eef0679fa3700a0198a49","event":{"groupHash":"g"}}`, "event.title is missing"},
 		{`{"projectId":"5e3eef0679fa3700a0198a49","event":{"title":"t","groupHash":"g","timestamp":-1}}`, "not Unix seconds"},
 		{`{"projectId":"5e3eef0679fa3700a0198a49","event":{"title":"t","groupHash":"g","timestamp":"x"}}`, "not a JSON object"},
+		{`{"projectId":"5e3eef0679fa3700a0198a49","event":{"title":"t","groupHash":"g","isNew":"yes"}}`, `within "/event/isNew"`},
+		// Read as JavaScript reads it: exact names, and no second value
+		// for a name that a producer and Klaxon might pick differently.
+		{`{"ProjectId":"5e3eef0679fa3700a0198a49","event":{"title":"t","groupHash":"g"}}`, "projectId is missing"},
+		{`{"projectId":"5e3eef0679fa3700a0198a49","event":{"title":"t","groupHash":"g","groupHash":"h"}}`, `duplicate object member name "groupHash"`},
 		{"{\"projectId\":\"5e3eef0679fa3700a0198a49\",\"event\":{\"title\":\"\xff\",\"groupHash\":\"g\"}}", "not valid UTF-8"},
 		{`{"projectId":"5e3eef0679fa3700a0198a49","event":{"title":"` + strings.Repeat("x", MaxSize) + `","groupHash":"g"}}`, "over the"},
 	} {
