@@ -210,10 +210,18 @@ type message struct {
 	Key  string // routing key through a hash exchange (publishVia): the groupHash
 }
 
+// event is a Hawk event; extra members are added to "event", and one that
+// sets repetitionId replaces the default null (the decoder refuses a
+// member named twice, as a poison message).
 func event(project, title, group string, isNew bool, extra ...string) message {
-	ev := fmt.Sprintf(`"title":%q,"groupHash":%q,"isNew":%t,"repetitionId":null`, title, group, isNew)
+	ev := fmt.Sprintf(`"title":%q,"groupHash":%q,"isNew":%t`, title, group, isNew)
+	repetition := false
 	for _, e := range extra {
 		ev += "," + e
+		repetition = repetition || strings.HasPrefix(e, `"repetitionId":`)
+	}
+	if !repetition {
+		ev += `,"repetitionId":null`
 	}
 	return message{Body: fmt.Sprintf(`{"projectId":%q,"event":{%s}}`, project, ev), Key: group}
 }
