@@ -117,15 +117,19 @@ type worker struct {
 func (h *harness) start() *worker {
 	h.t.Helper()
 	w := h.startUnready()
-	waitFor(h.t, 30*time.Second, "worker ready", func() bool {
-		resp, err := http.Get("http://" + w.Addr + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
+	waitFor(h.t, 30*time.Second, "worker ready", func() bool { return answers(w.Addr, "/readyz") == http.StatusOK })
 	return w
+}
+
+// answers GETs path from the worker at addr and returns the status, 0 when
+// nothing answers.
+func answers(addr, path string) int {
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }
 
 // startUnready runs a worker with the harness' settings until the test
@@ -155,14 +159,7 @@ func (h *harness) startUnready() *worker {
 			h.t.Error("worker did not stop within 10 s")
 		}
 	})
-	waitFor(h.t, 30*time.Second, "worker serving /healthz", func() bool {
-		resp, err := http.Get("http://" + cfg.HTTPAddr + "/healthz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return true
-	})
+	waitFor(h.t, 30*time.Second, "worker serving /healthz", func() bool { return answers(cfg.HTTPAddr, "/healthz") != 0 })
 	return &worker{Addr: cfg.HTTPAddr}
 }
 

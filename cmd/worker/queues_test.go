@@ -199,7 +199,11 @@ func TestOneHashedQueueRefusedOrDeleted(t *testing.T) {
 		}
 	})
 	waitFor(t, 30*time.Second, "the deleted queue to be consumed again", func() bool {
-		return len(h.logs.logLines("declared the missing queue")) > 0 && w.metric(t, "klaxon_queue_consuming", "queue", qs[0]) == 1
+		declared := false
+		for _, l := range h.logs.logLines("declared the missing queue") {
+			declared = declared || l["queue"] == qs[0]
+		}
+		return declared && w.metric(t, "klaxon_queue_consuming", "queue", qs[0]) == 1
 	})
 	cancelled := false
 	for _, l := range h.logs.logLines("rabbitmq connection lost") {
