@@ -34,6 +34,10 @@ type Metrics struct {
 	EventLag prometheus.Histogram
 	// QueueDepth is the number of messages ready in each queue Klaxon reads.
 	QueueDepth *prometheus.GaugeVec
+	// Consuming is 1 while the worker consumes a queue, by queue: with
+	// several incoming queues, the one that is deleted or refused shows 0
+	// while the others go on.
+	Consuming *prometheus.GaugeVec
 	// Batches by stage and outcome (ok, error): a handler error holds the
 	// batch and retries it after a backoff.
 	Batches *prometheus.CounterVec
@@ -92,6 +96,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		QueueDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "klaxon_queue_messages", Help: "Messages ready in the queues Klaxon consumes.",
 		}, []string{"queue"}),
+		Consuming: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "klaxon_queue_consuming", Help: "1 while the worker consumes the queue.",
+		}, []string{"queue"}),
 		Batches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "klaxon_batches_total", Help: "Handled batches by stage and outcome.",
 		}, []string{"stage", "outcome"}),
@@ -109,6 +116,6 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"dependency"}),
 	}
 	reg.MustRegister(m.Events, m.RulesEvaluated, m.Firings, m.Notifications, m.CircuitChanges, m.CircuitsOpen, m.DeliveryLatency,
-		m.EventLag, m.QueueDepth, m.Batches, m.Storms, m.RuleLoads, m.RuleWarnings, m.Up)
+		m.EventLag, m.QueueDepth, m.Consuming, m.Batches, m.Storms, m.RuleLoads, m.RuleWarnings, m.Up)
 	return m
 }

@@ -25,6 +25,12 @@ type ConsumerConfig struct {
 	// QueueType is the type the queue is declared with when it is missing
 	// [Classic]. An existing queue is used as it is, whatever its type.
 	QueueType Type
+	// Exchange, when set, names a consistent-hash exchange (HashExchangeType,
+	// durable, declared if missing) that the queue is bound to with weight 1
+	// each time the consumer subscribes: a queue deleted under a running
+	// worker comes back bound, and the exchange spreads its messages over
+	// the queues that some worker consumes.
+	Exchange string
 	// ConnectionName is shown in the broker's connection list [klaxon-consumer].
 	ConnectionName string
 	// Prefetch is the most deliveries the broker sends ahead of acks [1000].
@@ -187,6 +193,9 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		cfg.Logger = slog.Default()
 	}
 	log := cfg.Logger.With("component", "amqp-consumer", "url", redactURL(cfg.URL), "queue", cfg.Queue)
+	if cfg.Exchange != "" {
+		log = log.With("exchange", cfg.Exchange)
+	}
 	return &Consumer{cfg: cfg, log: log, state: newConnState(log, cfg.Hooks.Connection)}, nil
 }
 
@@ -359,6 +368,11 @@ func (c *Consumer) consumeConcurrently(ctx, bctx context.Context, s *session, ha
 func (c *Consumer) subscribe(conn *amqp.Connection) (*session, error) {
 	if err := declareConsumed(conn, c.log, c.cfg.Queue, c.cfg.QueueType.with(c.cfg.QueueArgs)); err != nil {
 		return nil, err
+	}
+	if c.cfg.Exchange != "" {
+		if err := bindHashed(conn, c.cfg.Exchange, c.cfg.Queue); err != nil {
+			return nil, err
+		}
 	}
 	ch, err := conn.Channel()
 	if err != nil {
