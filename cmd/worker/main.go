@@ -126,6 +126,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			DeadQueue:     wire.DeadQueue(cfg.Queue),
 			DeliveryQueue: wire.DeliveryQueue(cfg.Prefix),
 			EventURL:      cfg.EventURL,
+			Keys:          cfg.EndpointKeys(),
 			Log:           log.With("stage", "evaluator"),
 			Metrics:       m,
 		}
@@ -162,7 +163,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		FailedBounds: deadBounds, DigestMaxFirings: cfg.DigestMaxFirings, DigestMaxBytes: cfg.DigestMaxBytes,
 		MaxSendsPerDestination: cfg.MaxSendsPerDestination, MaxSendsPerProject: cfg.MaxSendsPerProject,
 		CircuitTimeouts: cfg.CircuitTimeouts, CircuitOpen: cfg.CircuitOpen,
-		WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout,
+		WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout, Keys: cfg.EndpointKeys(),
 		Redis: rdb, Publisher: pub, Channels: chans, Logger: log.With("stage", "deliverer"), Metrics: m})
 	if cfg.Role.Delivers() {
 		c, err := queue.NewConsumer(queue.ConsumerConfig{

@@ -29,6 +29,7 @@ import (
 
 	"github.com/klaxonhq/klaxon/internal/notify/email"
 	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/seal"
 )
 
 // Names of the environment variables Load reads.
@@ -86,6 +87,8 @@ const (
 	EnvMaxSendsPerProject     = "KLAXON_MAX_SENDS_PER_PROJECT"
 	EnvCircuitTimeouts        = "KLAXON_CIRCUIT_TIMEOUTS"
 	EnvCircuitOpen            = "KLAXON_CIRCUIT_OPEN"
+	// Endpoints sealed wherever they leave the process (internal/seal).
+	EnvEndpointKey = "KLAXON_ENDPOINT_KEY"
 )
 
 // Hawk's names for the same settings, and the defaults.
@@ -201,6 +204,7 @@ func Variables() []Variable {
 		{EnvMaxSendsPerProject, "", strconv.Itoa(defaultSendsPerProj), false, "sends one project may have in flight in a worker (1-64)"},
 		{EnvCircuitTimeouts, "", strconv.Itoa(defaultCircuitTrips), false, "consecutive timeouts that open a destination's circuit (1-1000)"},
 		{EnvCircuitOpen, "", formatDuration(defaultCircuitOpen), false, "how long an open circuit keeps a destination's jobs waiting before one send probes it"},
+		{EnvEndpointKey, "", "", true, "comma-separated base64 keys of 32 bytes: endpoints are sealed (AES-GCM) with the first in queues and Redis, opened with any; unset = in clear"},
 	}
 }
 
@@ -276,6 +280,16 @@ type Config struct {
 	MaxSendsPerProject     int
 	CircuitTimeouts        int
 	CircuitOpen            time.Duration
+	// EndpointKey is KLAXON_ENDPOINT_KEY as given (a string keeps Config
+	// comparable; Load checked it); use EndpointKeys.
+	EndpointKey string
+}
+
+// EndpointKeys are the keys endpoints are sealed and opened with; nil when
+// KLAXON_ENDPOINT_KEY is unset, and endpoints travel in clear.
+func (c Config) EndpointKeys() *seal.Keys {
+	ks, _ := seal.Parse(c.EndpointKey) // checked by Load
+	return ks
 }
 
 // EmailEnabled reports whether the email channel is configured.
@@ -383,6 +397,15 @@ func (l *loader) eventURL() string {
 	return s.value
 }
 
+// endpointKey reads KLAXON_ENDPOINT_KEY: base64 keys of 32 bytes.
+func (l *loader) endpointKey() string {
+	s := l.lookup(EnvEndpointKey, "", false)
+	if _, err := seal.Parse(s.value); err != nil {
+		l.fail(s, err.Error())
+	}
+	return s.value
+}
+
 // fail records that s is invalid. The reason is reduced to one line and
 // scrubbed of every known secret, whatever a library put into it.
 func (l *loader) fail(s setting, reason string) {
@@ -443,6 +466,7 @@ func Load(getenv func(string) string) (Config, error) {
 	c.MaxSendsPerProject = l.count(EnvMaxSendsPerProject, defaultSendsPerProj, 1, 64)
 	c.CircuitTimeouts = l.count(EnvCircuitTimeouts, defaultCircuitTrips, 1, 1000)
 	c.CircuitOpen = l.duration(EnvCircuitOpen, defaultCircuitOpen)
+	c.EndpointKey = l.endpointKey()
 	c.Limits = rules.Limits{
 		RulesPerProject:   l.count(EnvMaxRules, rules.DefaultRulesPerProject, 1, 1_000_000),
 		WindowsPerRule:    l.count(EnvMaxWindows, rules.MaxWindowsPerRule, 1, rules.MaxWindowsPerRule),

@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/klaxonhq/klaxon/internal/notify/email"
 	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/seal"
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
@@ -210,6 +212,14 @@ func TestLoadValues(t *testing.T) {
 			func(c Config) bool {
 				return c.EmailEnabled() && c.SMTPPassword == " p w " && c.SMTPFrom == "Klaxon <alerts@example.com>"
 			}},
+		{"endpoint keys", map[string]string{EnvEndpointKey: " " + testKey(1) + "," + testKey(2) + "\n"},
+			func(c Config) bool {
+				ks := c.EndpointKeys()
+				sealed := ks.Seal("ops@example.com", "p", "email")
+				opened, err := ks.Open(sealed, "p", "email")
+				return seal.Sealed(sealed) && err == nil && opened == "ops@example.com"
+			}},
+		{"no endpoint key", map[string]string{}, func(c Config) bool { return c.EndpointKeys() == nil }},
 		{"log level", map[string]string{EnvLogLevel: "DEBUG"}, func(c Config) bool { return c.LogLevel == slog.LevelDebug }},
 		{"log warn", map[string]string{EnvLogLevel: "warn"}, func(c Config) bool { return c.LogLevel == slog.LevelWarn }},
 		{"role", map[string]string{EnvRole: "deliverer"}, func(c Config) bool { return c.Role == RoleDeliverer && c.Role.Delivers() && !c.Role.Evaluates() }},
@@ -323,6 +333,8 @@ func TestLoadInvalid(t *testing.T) {
 		{map[string]string{EnvGroupsPerCall: "0"}, EnvGroupsPerCall, "from 1 to 1000"},
 		{map[string]string{EnvPrefetch: "10", EnvBatchSize: "20"}, EnvBatchSize, "more than KLAXON_PREFETCH (10)"},
 		{map[string]string{EnvDedupTTL: "24"}, EnvDedupTTL, "not a duration"},
+		{map[string]string{EnvEndpointKey: "s3cr3t"}, EnvEndpointKey, "key 1 is 4 bytes, want 32"},
+		{map[string]string{EnvEndpointKey: testKey(1) + ",s3cr3t!"}, EnvEndpointKey, "key 2 is not base64"},
 		{map[string]string{EnvRulesRefresh: "0s"}, EnvRulesRefresh, "not positive"},
 		{map[string]string{EnvSendTimeout: "-1s"}, EnvSendTimeout, "not positive"},
 		{map[string]string{EnvPprof: "yes"}, EnvPprof, `"yes" is not true or false`},
@@ -482,4 +494,9 @@ func TestDocumentationListsEveryVariable(t *testing.T) {
 			t.Errorf("docs/configuration.md mentions unknown variable %s", name)
 		}
 	}
+}
+
+// testKey is a valid KLAXON_ENDPOINT_KEY key, the same for the same n.
+func testKey(n byte) string {
+	return base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{n}, seal.KeySize))
 }

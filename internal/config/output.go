@@ -63,6 +63,7 @@ func (c Config) attrs() []slog.Attr {
 		slog.Int("max_sends_per_project", c.MaxSendsPerProject),
 		slog.Int("circuit_timeouts", c.CircuitTimeouts),
 		slog.String("circuit_open", c.CircuitOpen.String()),
+		slog.String("endpoint_key", secret(c.EndpointKey)),
 	}
 }
 

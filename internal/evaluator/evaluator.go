@@ -24,6 +24,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/seal"
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
@@ -76,8 +77,11 @@ type Evaluator struct {
 	// carry, with {projectId} and {groupHash} (KLAXON_EVENT_URL); "" for
 	// none.
 	EventURL string
-	Log      *slog.Logger
-	Metrics  *metrics.Metrics
+	// Keys seal the endpoint in each delivery job (KLAXON_ENDPOINT_KEY);
+	// nil leaves it in clear.
+	Keys    *seal.Keys
+	Log     *slog.Logger
+	Metrics *metrics.Metrics
 }
 
 // Handle processes a batch; returning nil acks all of it. Dead letters and
@@ -386,7 +390,7 @@ func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result
 		}
 		for _, c := range rule.Channels {
 			job := wire.Job{
-				Channel: c.Name, Endpoint: c.Endpoint, MinPeriod: c.MinPeriod.Milliseconds(),
+				Channel: c.Name, Endpoint: e.Keys.Seal(c.Endpoint, ev.ProjectID, c.Name), MinPeriod: c.MinPeriod.Milliseconds(),
 				ProjectID: ev.ProjectID, RuleID: rule.ID, Notification: &n,
 			}
 			body, err := json.Marshal(job)

@@ -22,6 +22,10 @@ type Metrics struct {
 	// omitted, snoozed (held back by klaxon snooze; the summary at its
 	// end counts as sent).
 	Notifications *prometheus.CounterVec
+	// EndpointsUnopened counts delivery jobs whose sealed endpoint did not
+	// open (a key no longer in KLAXON_ENDPOINT_KEY, or an altered value),
+	// by channel; each also fails for good.
+	EndpointsUnopened *prometheus.CounterVec
 	// CircuitChanges counts destinations' circuits changing state, by
 	// channel and new state (open, half_open, closed).
 	CircuitChanges *prometheus.CounterVec
@@ -68,6 +72,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		Notifications: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "klaxon_notifications_total", Help: "Notification deliveries by channel and outcome.",
 		}, []string{"channel", "outcome"}),
+		EndpointsUnopened: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "klaxon_endpoints_unopened_total", Help: "Delivery jobs whose sealed endpoint did not open, by channel; each failed for good.",
+		}, []string{"channel"}),
 		CircuitChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "klaxon_circuit_changes_total", Help: "Destination circuits changing state, by channel and new state.",
 		}, []string{"channel", "state"}),
@@ -100,7 +107,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "klaxon_dependency_up", Help: "1 while a dependency answers.",
 		}, []string{"dependency"}),
 	}
-	reg.MustRegister(m.Events, m.RulesEvaluated, m.Firings, m.Notifications, m.CircuitChanges, m.CircuitsOpen, m.DeliveryLatency,
+	reg.MustRegister(m.Events, m.RulesEvaluated, m.Firings, m.Notifications, m.EndpointsUnopened, m.CircuitChanges, m.CircuitsOpen, m.DeliveryLatency,
 		m.EventLag, m.QueueDepth, m.Batches, m.RuleLoads, m.RuleWarnings, m.Up)
 	return m
 }
