@@ -143,7 +143,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		}
 		c, err := queue.NewConsumer(queue.ConsumerConfig{
 			URL: cfg.AMQPURL, Queue: cfg.Queue, QueueType: queue.Type(cfg.QueueType), ConnectionName: "klaxon-evaluator",
-			Prefetch: cfg.Prefetch, MaxBatch: cfg.BatchSize, Logger: log.With("stage", "evaluator"),
+			Prefetch: cfg.Prefetch, MaxBatch: cfg.BatchSize, MaxHeldBytes: cfg.MaxHeldBytes, Logger: log.With("stage", "evaluator"),
 			Hooks: batchHooks(m, "evaluator"),
 		})
 		if err != nil {
@@ -168,7 +168,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if cfg.Role.Delivers() {
 		c, err := queue.NewConsumer(queue.ConsumerConfig{
 			URL: cfg.AMQPURL, Queue: dlv.Queue(), QueueType: queue.Type(cfg.QueueType), ConnectionName: "klaxon-deliverer",
-			Prefetch: deliverPrefetch, MaxBatch: deliverBatch, Concurrency: deliverConcurrency,
+			Prefetch: deliverPrefetch, MaxBatch: deliverBatch, Concurrency: deliverConcurrency, MaxHeldBytes: cfg.MaxHeldBytes,
 			Logger: log.With("stage", "deliverer"), Hooks: batchHooks(m, "deliverer"),
 		})
 		if err != nil {
@@ -349,6 +349,7 @@ func channelNames(channels map[string]notify.Channel) []string {
 }
 
 func batchHooks(m *metrics.Metrics, stage string) queue.Hooks {
+	held := m.HeldBytes.WithLabelValues(stage)
 	return queue.Hooks{
 		Batch: func(r queue.BatchResult) {
 			outcome := "ok"
@@ -357,6 +358,8 @@ func batchHooks(m *metrics.Metrics, stage string) queue.Hooks {
 			}
 			m.Batches.WithLabelValues(stage, outcome).Inc()
 		},
+		Held:   func(b int64) { held.Set(float64(b)) },
+		Paused: m.ConsumerPauses.WithLabelValues(stage).Inc,
 	}
 }
 

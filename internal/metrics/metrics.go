@@ -40,6 +40,11 @@ type Metrics struct {
 	// Batches by stage and outcome (ok, error): a handler error holds the
 	// batch and retries it after a backoff.
 	Batches *prometheus.CounterVec
+	// HeldBytes is the bytes of messages a consumer holds unacked, by
+	// stage; ConsumerPauses counts the times it stopped consuming because
+	// they passed KLAXON_MAX_HELD_BYTES.
+	HeldBytes      *prometheus.GaugeVec
+	ConsumerPauses *prometheus.CounterVec
 	// RuleLoads by source outcome (ok, error); on error the last good rules serve.
 	RuleLoads *prometheus.CounterVec
 	// RuleWarnings counts malformed or suspicious rules seen at load.
@@ -97,6 +102,12 @@ func New(reg prometheus.Registerer) *Metrics {
 		Batches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "klaxon_batches_total", Help: "Handled batches by stage and outcome.",
 		}, []string{"stage", "outcome"}),
+		HeldBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "klaxon_consumer_held_bytes", Help: "Bytes of messages a consumer holds unacknowledged, by stage.",
+		}, []string{"stage"}),
+		ConsumerPauses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "klaxon_consumer_pauses_total", Help: "Times a consumer stopped consuming because the bytes it held passed KLAXON_MAX_HELD_BYTES, by stage.",
+		}, []string{"stage"}),
 		RuleLoads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "klaxon_rule_loads_total", Help: "Rule reloads by outcome.",
 		}, []string{"outcome"}),
@@ -108,6 +119,6 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"dependency"}),
 	}
 	reg.MustRegister(m.Events, m.RulesEvaluated, m.Firings, m.Notifications, m.EndpointsUnopened, m.CircuitChanges, m.CircuitsOpen, m.DeliveryLatency,
-		m.EventLag, m.QueueDepth, m.Batches, m.RuleLoads, m.RuleWarnings, m.Up)
+		m.EventLag, m.QueueDepth, m.Batches, m.HeldBytes, m.ConsumerPauses, m.RuleLoads, m.RuleWarnings, m.Up)
 	return m
 }
