@@ -365,7 +365,7 @@ func (c *Consumer) subscribe(conn *amqp.Connection) (*session, error) {
 	s := newSession(ch) // watches for the close from before the first delivery
 	s.tag = c.cfg.ConnectionName + "-" + rand.Text()
 	if c.cfg.MaxHeldBytes > 0 {
-		s.feeder = newFeeder(ch, c.cfg.Queue, s.tag, c.cfg.MaxHeldBytes, c.cfg.Prefetch, c.log, c.cfg.Hooks)
+		s.feeder = newFeeder(ch, s.deadCtx.Done(), c.cfg.Queue, s.tag, c.cfg.MaxHeldBytes, c.cfg.Prefetch, c.log, c.cfg.Hooks)
 		s.deliveries, err = s.feeder.start()
 		return s, err
 	}

@@ -39,9 +39,10 @@ type feeder struct {
 	log         *slog.Logger
 	hooks       Hooks // Paused and Held; either may be nil
 
-	held  atomic.Int64  // bytes received and not settled
-	freed chan struct{} // a settle lowered held; 1-buffered
-	halt  chan struct{} // closed by stopConsuming
+	dead  <-chan struct{} // closed when the channel has closed
+	held  atomic.Int64    // bytes received and not settled
+	freed chan struct{}   // a settle lowered held; 1-buffered
+	halt  chan struct{}   // closed by stopConsuming
 	out   chan amqp.Delivery
 	err   error // why consuming failed; set before out closes
 
@@ -53,9 +54,9 @@ type feeder struct {
 	seq      int
 }
 
-func newFeeder(ch *amqp.Channel, queue, name string, budget int64, maxPrefetch int, log *slog.Logger, hooks Hooks) *feeder {
+func newFeeder(ch *amqp.Channel, dead <-chan struct{}, queue, name string, budget int64, maxPrefetch int, log *slog.Logger, hooks Hooks) *feeder {
 	return &feeder{
-		ch: ch, queue: queue, name: name, budget: budget, maxPrefetch: maxPrefetch, log: log, hooks: hooks,
+		ch: ch, dead: dead, queue: queue, name: name, budget: budget, maxPrefetch: maxPrefetch, log: log, hooks: hooks,
 		freed: make(chan struct{}, 1), halt: make(chan struct{}), out: make(chan amqp.Delivery),
 		prefetch: min(slowStart, maxPrefetch),
 	}
@@ -192,6 +193,10 @@ func (f *feeder) run(src <-chan amqp.Delivery) {
 			queue[0] = amqp.Delivery{}
 			queue = queue[1:]
 		case <-f.freed:
+		case <-f.dead:
+			// Paused, or the session gone without a stop: nothing reads
+			// out any more, and what is held comes again from the broker.
+			return
 		case <-stopWanted:
 			stopWanted, stopping = nil, true
 			if src != nil && !cancelled {

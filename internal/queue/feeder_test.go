@@ -5,6 +5,7 @@ import (
 	"fmt"
 	mathrand "math/rand/v2"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -192,6 +193,16 @@ func TestPausedConsumerSurvivesAConnectionCut(t *testing.T) {
 	}
 	l.drainedWithin(t, r, n, 2*time.Minute)
 	b.waitReady(q, 0, 5*time.Second)
+	// The paused session's feeder ended with its channel, not only the
+	// one Consume stopped.
+	var stacks string
+	if !eventually(5*time.Second, func() bool {
+		buf := make([]byte, 1<<20)
+		stacks = string(buf[:runtime.Stack(buf, true)])
+		return !strings.Contains(stacks, "(*feeder).run")
+	}) {
+		t.Errorf("a feeder goroutine is left:\n%s", stacks)
+	}
 }
 
 // Small messages: the prefetch grows from 1 to the configured one, so a
