@@ -424,6 +424,7 @@ var withSecrets = map[string]string{
 	EnvSMTPPassword:   "s3cr3t-smtp",
 	EnvTelegramToken:  "123456:s3cr3t-telegram",
 	EnvTelegramAPIURL: "https://proxy:s3cr3t-proxy@tg.example.com/",
+	EnvEndpointKey:    "s3cr3tAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
 }
 
 func TestOutputHasNoSecrets(t *testing.T) {
@@ -450,6 +451,9 @@ func TestOutputHasNoSecrets(t *testing.T) {
 				t.Errorf("%s lacks %q: %s", name, want, out)
 			}
 		}
+	}
+	if !strings.Contains(buf.String(), `"endpoint_key":"xxxxx"`) {
+		t.Errorf("LogValue does not say the endpoint key is set: %s", buf.String())
 	}
 	if !strings.Contains(buf.String(), `"smtp_password":"xxxxx"`) || !strings.Contains(buf.String(), `"redis_url":"rediss+sentinel://xxxxx@s1:26379,s2/mymaster/1?sentinel_password=xxxxx"`) {
 		t.Errorf("LogValue output: %s", buf.String())
