@@ -168,7 +168,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if cfg.Role.Delivers() {
 		c, err := queue.NewConsumer(queue.ConsumerConfig{
 			URL: cfg.AMQPURL, Queue: dlv.Queue(), QueueType: queue.Type(cfg.QueueType), ConnectionName: "klaxon-deliverer",
-			Prefetch: deliverPrefetch, MaxBatch: deliverBatch, Concurrency: deliverConcurrency, MaxHeldBytes: cfg.MaxHeldBytes,
+			Prefetch: deliverPrefetch, MaxBatch: deliverBatch, Concurrency: deliverConcurrency,
 			Logger: log.With("stage", "deliverer"), Hooks: batchHooks(m, "deliverer"),
 		})
 		if err != nil {

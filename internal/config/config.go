@@ -177,7 +177,7 @@ func Variables() []Variable {
 		{EnvRole, "", defaultRole, false, "what this process runs: all, evaluator or deliverer"},
 		{EnvPrefetch, "", strconv.Itoa(defaultPrefetch), false, "unacknowledged messages one worker holds per queue (1-65535)"},
 		{EnvBatchSize, "", strconv.Itoa(defaultBatchSize), false, "most events counted in one Redis call; at most KLAXON_PREFETCH"},
-		{EnvMaxHeldBytes, "", formatSize(defaultHeldBytes), false, "bytes of messages each consumer (events, delivery jobs) holds unacknowledged before it pauses (1MiB-16GiB)"},
+		{EnvMaxHeldBytes, "", formatSize(defaultHeldBytes), false, "bytes of incoming messages a worker holds unacknowledged before it pauses consuming (1MiB-16GiB)"},
 		{EnvGroupsPerCall, "", strconv.Itoa(defaultGroupsPerCall), false, "(project, group)s counted in one Lua call on a single Redis node or Sentinel (1-1000; always 1 on Cluster); 1 behind a proxy that routes commands by key"},
 		{EnvDedupTTL, "", formatDuration(defaultDedupTTL), false, "how long a message's identity (message-id, else repetitionId) is remembered for de-duplication"},
 		{EnvRulesRefresh, "", formatDuration(defaultRefresh), false, "how often rules are reloaded from MongoDB or the file"},
@@ -243,7 +243,7 @@ type Config struct {
 	Role           Role          // KLAXON_ROLE
 	Prefetch       int           // KLAXON_PREFETCH, 1..65535
 	BatchSize      int           // KLAXON_BATCH_SIZE, 1..Prefetch
-	MaxHeldBytes   int64         // KLAXON_MAX_HELD_BYTES, per consumer
+	MaxHeldBytes   int64         // KLAXON_MAX_HELD_BYTES, of the incoming queue's consumer
 	GroupsPerCall  int           // KLAXON_REDIS_GROUPS_PER_CALL, 1..1000
 	DedupTTL       time.Duration // KLAXON_DEDUP_TTL, > 0
 	WaitReplicas   int           // KLAXON_REDIS_WAIT_REPLICAS, 0..16; 0 = no WAIT
