@@ -132,7 +132,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		engine := counter.New(rdb, counter.Options{Prefix: cfg.Prefix, DedupTTL: cfg.DedupTTL,
 			GroupsPerCall: cfg.GroupsPerCall, WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout})
 		storms := storm.New(storm.Config{Redis: rdb, Prefix: cfg.Prefix, Rings: engine, Rules: cache, Publisher: pub,
-			DeliveryQueue: wire.DeliveryQueue(cfg.Prefix), All: cfg.StormOver, Log: log.With("stage", "storms"), Metrics: m})
+			DeliveryQueue: wire.DeliveryQueue(cfg.Prefix), Keys: cfg.EndpointKeys(), All: cfg.StormOver, Log: log.With("stage", "storms"), Metrics: m})
 		work = append(work, storms.Run)
 		var groups evaluator.Groups
 		if cfg.EventsMongoURL != "" {
@@ -162,6 +162,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 				DeadQueue:     wire.DeadQueue(cfg.Queue),
 				DeliveryQueue: wire.DeliveryQueue(cfg.Prefix),
 				EventURL:      cfg.EventURL,
+				Keys:          cfg.EndpointKeys(),
 				Log:           log.With("stage", "evaluator"),
 				Metrics:       m,
 			}
@@ -171,7 +172,8 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			}
 			c, err := queue.NewConsumer(queue.ConsumerConfig{
 				URL: cfg.AMQPURL, Queue: in.Name, Exchange: in.Exchange, QueueType: queue.Type(cfg.QueueType), ConnectionName: name,
-				Prefetch: cfg.Prefetch, MaxBatch: cfg.BatchSize, Concurrency: 2, InOrder: true, Logger: log.With("stage", "evaluator"),
+				Prefetch: cfg.Prefetch, MaxBatch: cfg.BatchSize, Concurrency: 2, InOrder: true,
+				MaxHeldBytes: cfg.MaxHeldBytes, Logger: log.With("stage", "evaluator"),
 				Hooks: batchHooks(m, "evaluator", in.Name),
 			})
 			if err != nil {
@@ -192,7 +194,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		FailedBounds: deadBounds, DigestMaxFirings: cfg.DigestMaxFirings, DigestMaxBytes: cfg.DigestMaxBytes,
 		MaxSendsPerDestination: cfg.MaxSendsPerDestination, MaxSendsPerProject: cfg.MaxSendsPerProject,
 		CircuitTimeouts: cfg.CircuitTimeouts, CircuitOpen: cfg.CircuitOpen,
-		WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout,
+		WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout, Keys: cfg.EndpointKeys(),
 		Redis: rdb, Publisher: pub, Channels: chans, Logger: log.With("stage", "deliverer"), Metrics: m})
 	if cfg.Role.Delivers() {
 		c, err := queue.NewConsumer(queue.ConsumerConfig{
@@ -403,11 +405,13 @@ func consumedQueues(cfg config.Config) []string {
 	return names
 }
 
-// batchHooks count the batches of a stage, and say whether the queue name
-// is consumed (klaxon_queue_consuming), 0 until it is.
+// batchHooks count the batches of a stage, say whether the queue name is
+// consumed (klaxon_queue_consuming), 0 until it is, and the bytes its
+// consumer holds.
 func batchHooks(m *metrics.Metrics, stage, name string) queue.Hooks {
 	consuming := m.Consuming.WithLabelValues(name)
 	consuming.Set(0)
+	held := m.HeldBytes.WithLabelValues(name)
 	return queue.Hooks{
 		Connection: func(up bool) { consuming.Set(boolFloat(up)) },
 		Batch: func(r queue.BatchResult) {
@@ -417,6 +421,8 @@ func batchHooks(m *metrics.Metrics, stage, name string) queue.Hooks {
 			}
 			m.Batches.WithLabelValues(stage, outcome).Inc()
 		},
+		Held:   func(b int64) { held.Set(float64(b)) },
+		Paused: m.ConsumerPauses.WithLabelValues(stage).Inc,
 	}
 }
 

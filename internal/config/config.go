@@ -30,6 +30,7 @@ import (
 
 	"github.com/klaxonhq/klaxon/internal/notify/email"
 	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/seal"
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
@@ -57,6 +58,7 @@ const (
 	EnvRole           = "KLAXON_ROLE"
 	EnvPrefetch       = "KLAXON_PREFETCH"
 	EnvBatchSize      = "KLAXON_BATCH_SIZE"
+	EnvMaxHeldBytes   = "KLAXON_MAX_HELD_BYTES"
 	EnvGroupsPerCall  = "KLAXON_REDIS_GROUPS_PER_CALL"
 	EnvDedupTTL       = "KLAXON_DEDUP_TTL"
 	EnvWaitReplicas   = "KLAXON_REDIS_WAIT_REPLICAS"
@@ -91,6 +93,8 @@ const (
 	EnvMaxSendsPerProject     = "KLAXON_MAX_SENDS_PER_PROJECT"
 	EnvCircuitTimeouts        = "KLAXON_CIRCUIT_TIMEOUTS"
 	EnvCircuitOpen            = "KLAXON_CIRCUIT_OPEN"
+	// Endpoints sealed wherever they leave the process (internal/seal).
+	EnvEndpointKey = "KLAXON_ENDPOINT_KEY"
 )
 
 // Hawk's names for the same settings, and the defaults.
@@ -134,6 +138,7 @@ const (
 	defaultDigestBytes   = 1 << 20
 	defaultDeadMessages  = 100_000
 	defaultDeadBytes     = 256 << 20
+	defaultHeldBytes     = 64 << 20
 	// Hawk's own page of an event group, as Hawk's senders link to it.
 	defaultEventURL = "https://garage.hawk.so/project/{projectId}/event/{groupHash}/overview"
 	// noEventURL leaves the link out: an empty value takes the default,
@@ -180,6 +185,7 @@ func Variables() []Variable {
 		{EnvRole, "", defaultRole, false, "what this process runs: all, evaluator or deliverer"},
 		{EnvPrefetch, "", strconv.Itoa(defaultPrefetch), false, "unacknowledged messages one worker holds per queue (1-65535)"},
 		{EnvBatchSize, "", strconv.Itoa(defaultBatchSize), false, "most events counted in one Redis call; at most KLAXON_PREFETCH"},
+		{EnvMaxHeldBytes, "", formatSize(defaultHeldBytes), false, "bytes of incoming messages a worker holds unacknowledged before it pauses consuming (1MiB-16GiB)"},
 		{EnvGroupsPerCall, "", strconv.Itoa(defaultGroupsPerCall), false, "(project, group)s counted in one Lua call on a single Redis node or Sentinel (1-1000; always 1 on Cluster); 1 behind a proxy that routes commands by key"},
 		{EnvDedupTTL, "", formatDuration(defaultDedupTTL), false, "how long a message's identity (message-id, else repetitionId) is remembered for de-duplication"},
 		{EnvRulesRefresh, "", formatDuration(defaultRefresh), false, "how often rules are reloaded from MongoDB or the file"},
@@ -210,6 +216,7 @@ func Variables() []Variable {
 		{EnvMaxSendsPerProject, "", strconv.Itoa(defaultSendsPerProj), false, "sends one project may have in flight in a worker (1-64)"},
 		{EnvCircuitTimeouts, "", strconv.Itoa(defaultCircuitTrips), false, "consecutive timeouts that open a destination's circuit (1-1000)"},
 		{EnvCircuitOpen, "", formatDuration(defaultCircuitOpen), false, "how long an open circuit keeps a destination's jobs waiting before one send probes it"},
+		{EnvEndpointKey, "", "", true, "comma-separated base64 keys of 32 bytes: endpoints are sealed (AES-GCM) with the first in queues and Redis, opened with any; unset = in clear"},
 	}
 }
 
@@ -247,6 +254,7 @@ type Config struct {
 	Role           Role          // KLAXON_ROLE
 	Prefetch       int           // KLAXON_PREFETCH, 1..65535
 	BatchSize      int           // KLAXON_BATCH_SIZE, 1..Prefetch
+	MaxHeldBytes   int64         // KLAXON_MAX_HELD_BYTES, of the incoming queue's consumer
 	GroupsPerCall  int           // KLAXON_REDIS_GROUPS_PER_CALL, 1..1000
 	DedupTTL       time.Duration // KLAXON_DEDUP_TTL, > 0
 	WaitReplicas   int           // KLAXON_REDIS_WAIT_REPLICAS, 0..16; 0 = no WAIT
@@ -288,6 +296,16 @@ type Config struct {
 	MaxSendsPerProject     int
 	CircuitTimeouts        int
 	CircuitOpen            time.Duration
+	// EndpointKey is KLAXON_ENDPOINT_KEY as given (a string keeps Config
+	// comparable; Load checked it); use EndpointKeys.
+	EndpointKey string
+}
+
+// EndpointKeys are the keys endpoints are sealed and opened with; nil when
+// KLAXON_ENDPOINT_KEY is unset, and endpoints travel in clear.
+func (c Config) EndpointKeys() *seal.Keys {
+	ks, _ := seal.Parse(c.EndpointKey) // checked by Load
+	return ks
 }
 
 // EmailEnabled reports whether the email channel is configured.
@@ -421,6 +439,15 @@ func (l *loader) eventURL() string {
 	return s.value
 }
 
+// endpointKey reads KLAXON_ENDPOINT_KEY: base64 keys of 32 bytes.
+func (l *loader) endpointKey() string {
+	s := l.lookup(EnvEndpointKey, "", false)
+	if _, err := seal.Parse(s.value); err != nil {
+		l.fail(s, err.Error())
+	}
+	return s.value
+}
+
 // fail records that s is invalid. The reason is reduced to one line and
 // scrubbed of every known secret, whatever a library put into it.
 func (l *loader) fail(s setting, reason string) {
@@ -466,6 +493,7 @@ func Load(getenv func(string) string) (Config, error) {
 	c.LogLevel = l.logLevel()
 	c.Role = l.role()
 	c.Prefetch, c.BatchSize = l.batching()
+	c.MaxHeldBytes = l.size(EnvMaxHeldBytes, defaultHeldBytes, 1<<20, 16<<30)
 	c.GroupsPerCall = l.groupsPerCall()
 	c.DedupTTL = l.duration(EnvDedupTTL, defaultDedupTTL)
 	c.WaitReplicas, c.WaitTimeout = l.wait(c.RedisURL)
@@ -484,6 +512,7 @@ func Load(getenv func(string) string) (Config, error) {
 	c.MaxSendsPerProject = l.count(EnvMaxSendsPerProject, defaultSendsPerProj, 1, 64)
 	c.CircuitTimeouts = l.count(EnvCircuitTimeouts, defaultCircuitTrips, 1, 1000)
 	c.CircuitOpen = l.duration(EnvCircuitOpen, defaultCircuitOpen)
+	c.EndpointKey = l.endpointKey()
 	c.Limits = rules.Limits{
 		RulesPerProject:   l.count(EnvMaxRules, rules.DefaultRulesPerProject, 1, 1_000_000),
 		WindowsPerRule:    l.count(EnvMaxWindows, rules.MaxWindowsPerRule, 1, rules.MaxWindowsPerRule),

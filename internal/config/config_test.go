@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/klaxonhq/klaxon/internal/notify/email"
 	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/seal"
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
@@ -43,6 +45,7 @@ func TestLoadDefaults(t *testing.T) {
 		QueueType:         "classic",
 		Prefetch:          2000,
 		BatchSize:         1000,
+		MaxHeldBytes:      64 << 20,
 		GroupsPerCall:     32,
 		DedupTTL:          10 * time.Minute,
 		WaitTimeout:       time.Second,
@@ -210,6 +213,16 @@ func TestLoadValues(t *testing.T) {
 			func(c Config) bool {
 				return c.EmailEnabled() && c.SMTPPassword == " p w " && c.SMTPFrom == "Klaxon <alerts@example.com>"
 			}},
+		{"endpoint keys", map[string]string{EnvEndpointKey: " " + testKey(1) + "," + testKey(2) + "\n"},
+			func(c Config) bool {
+				ks := c.EndpointKeys()
+				sealed := ks.Seal("ops@example.com", "p", "email")
+				opened, err := ks.Open(sealed, "p", "email")
+				return seal.Sealed(sealed) && err == nil && opened == "ops@example.com"
+			}},
+		{"no endpoint key", map[string]string{}, func(c Config) bool { return c.EndpointKeys() == nil }},
+		{"held bytes default", map[string]string{}, func(c Config) bool { return c.MaxHeldBytes == 64<<20 }},
+		{"held bytes", map[string]string{EnvMaxHeldBytes: "200MiB"}, func(c Config) bool { return c.MaxHeldBytes == 200<<20 }},
 		{"log level", map[string]string{EnvLogLevel: "DEBUG"}, func(c Config) bool { return c.LogLevel == slog.LevelDebug }},
 		{"log warn", map[string]string{EnvLogLevel: "warn"}, func(c Config) bool { return c.LogLevel == slog.LevelWarn }},
 		{"role", map[string]string{EnvRole: "deliverer"}, func(c Config) bool { return c.Role == RoleDeliverer && c.Role.Delivers() && !c.Role.Evaluates() }},
@@ -344,6 +357,9 @@ func TestLoadInvalid(t *testing.T) {
 		{map[string]string{EnvGroupsPerCall: "0"}, EnvGroupsPerCall, "from 1 to 1000"},
 		{map[string]string{EnvPrefetch: "10", EnvBatchSize: "20"}, EnvBatchSize, "more than KLAXON_PREFETCH (10)"},
 		{map[string]string{EnvDedupTTL: "24"}, EnvDedupTTL, "not a duration"},
+		{map[string]string{EnvMaxHeldBytes: "512KiB"}, EnvMaxHeldBytes, "not a size from 1MiB to 16GiB"},
+		{map[string]string{EnvEndpointKey: "s3cr3t"}, EnvEndpointKey, "key 1 is 4 bytes, want 32"},
+		{map[string]string{EnvEndpointKey: testKey(1) + ",s3cr3t!"}, EnvEndpointKey, "key 2 is not base64"},
 		{map[string]string{EnvRulesRefresh: "0s"}, EnvRulesRefresh, "not positive"},
 		{map[string]string{EnvSendTimeout: "-1s"}, EnvSendTimeout, "not positive"},
 		{map[string]string{EnvPprof: "yes"}, EnvPprof, `"yes" is not true or false`},
@@ -430,6 +446,7 @@ var withSecrets = map[string]string{
 	EnvSMTPPassword:   "s3cr3t-smtp",
 	EnvTelegramToken:  "123456:s3cr3t-telegram",
 	EnvTelegramAPIURL: "https://proxy:s3cr3t-proxy@tg.example.com/",
+	EnvEndpointKey:    "s3cr3tAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
 }
 
 func TestOutputHasNoSecrets(t *testing.T) {
@@ -456,6 +473,9 @@ func TestOutputHasNoSecrets(t *testing.T) {
 				t.Errorf("%s lacks %q: %s", name, want, out)
 			}
 		}
+	}
+	if !strings.Contains(buf.String(), `"endpoint_key":"xxxxx"`) {
+		t.Errorf("LogValue does not say the endpoint key is set: %s", buf.String())
 	}
 	if !strings.Contains(buf.String(), `"smtp_password":"xxxxx"`) || !strings.Contains(buf.String(), `"redis_url":"rediss+sentinel://xxxxx@s1:26379,s2/mymaster/1?sentinel_password=xxxxx"`) {
 		t.Errorf("LogValue output: %s", buf.String())
@@ -504,4 +524,9 @@ func TestDocumentationListsEveryVariable(t *testing.T) {
 			t.Errorf("docs/configuration.md mentions unknown variable %s", name)
 		}
 	}
+}
+
+// testKey is a valid KLAXON_ENDPOINT_KEY key, the same for the same n.
+func testKey(n byte) string {
+	return base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{n}, seal.KeySize))
 }

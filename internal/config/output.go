@@ -40,6 +40,7 @@ func (c Config) attrs() []slog.Attr {
 		slog.String("queue_type", c.QueueType),
 		slog.Int("prefetch", c.Prefetch),
 		slog.Int("batch_size", c.BatchSize),
+		slog.Int64("max_held_bytes", c.MaxHeldBytes),
 		slog.Int("redis_groups_per_call", c.GroupsPerCall),
 		slog.String("dedup_ttl", c.DedupTTL.String()), // JSON logs would show ns
 		slog.Int("redis_wait_replicas", c.WaitReplicas),
@@ -65,6 +66,7 @@ func (c Config) attrs() []slog.Attr {
 		slog.Int("max_sends_per_project", c.MaxSendsPerProject),
 		slog.Int("circuit_timeouts", c.CircuitTimeouts),
 		slog.String("circuit_open", c.CircuitOpen.String()),
+		slog.String("endpoint_key", secret(c.EndpointKey)),
 	}
 }
 

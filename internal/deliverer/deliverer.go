@@ -34,6 +34,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/seal"
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
@@ -125,6 +126,9 @@ type Config struct {
 	// Sentinel only: on a cluster client it is ignored, as in counter.
 	WaitReplicas int
 	WaitTimeout  time.Duration
+	// Keys open the sealed endpoints of jobs (KLAXON_ENDPOINT_KEY); nil
+	// opens clear ones only, and a sealed one fails for good.
+	Keys *seal.Keys
 	// Now is the clock the deliverer decides by: when a job may go, when
 	// a retry is due, a destination's circuit [time.Now]. Redis' own
 	// clock keeps minPeriods, as it keeps counts. Tests set their own.

@@ -53,7 +53,7 @@ func (d *Deliverer) pace(ctx context.Context, job *wire.Job, dest string) (time.
 // circuitChanged logs and counts a change of a destination's circuit, once
 // per change. The endpoint is never logged: the destination's hash names
 // it, and the host when it is a URL.
-func (d *Deliverer) circuitChanged(job *wire.Job, dest, state string, probe bool) {
+func (d *Deliverer) circuitChanged(job *wire.Job, endpoint, dest, state string, probe bool) {
 	if state == "" {
 		return
 	}
@@ -64,7 +64,7 @@ func (d *Deliverer) circuitChanged(job *wire.Job, dest, state string, probe bool
 	case state == open.String() && !probe:
 		d.metrics.CircuitsOpen.WithLabelValues(job.Channel).Inc()
 	}
-	log := d.log.With("channel", job.Channel, "destination", dest, "host", endpointHost(job.Endpoint))
+	log := d.log.With("channel", job.Channel, "destination", dest, "host", endpointHost(endpoint))
 	switch state {
 	case open.String():
 		log.Warn("circuit opened: the endpoint keeps timing out; its jobs wait in the retry queues",

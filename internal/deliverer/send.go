@@ -155,7 +155,14 @@ func (d *Deliverer) deliverMessage(ctx context.Context, job *wire.Job, keys []st
 // failing, or ctx ending during the send (the provider may or may not have
 // the message).
 func (d *Deliverer) send(ctx context.Context, job *wire.Job, msg *notify.Message) (outcome, error) {
-	dest := destinationKey(job.Channel, job.Endpoint)
+	// Opened here, in memory, for the send alone: the job keeps the sealed
+	// form for its retries, the failed queue and a digest in Redis.
+	endpoint, err := d.cfg.Keys.Open(job.Endpoint, job.ProjectID, job.Channel)
+	if err != nil {
+		d.metrics.EndpointsUnopened.WithLabelValues(job.Channel).Inc()
+		return failure(false, err), nil
+	}
+	dest := destinationKey(job.Channel, endpoint)
 	// Before the pace: a job kept away by the circuit must not take a turn.
 	if wait := d.dests.blocked(dest, d.now()); wait > 0 {
 		return failure(true, &errCircuitOpen{wait: wait}), nil
@@ -164,7 +171,7 @@ func (d *Deliverer) send(ctx context.Context, job *wire.Job, msg *notify.Message
 		return outcome{kind: outcomeWait, after: wait, paced: true}, err
 	}
 	v := d.dests.enter(dest, job.ProjectID, d.now())
-	d.circuitChanged(job, dest, v.change, false)
+	d.circuitChanged(job, endpoint, dest, v.change, false)
 	switch {
 	case v.busy:
 		return outcome{kind: outcomeWait, after: v.wait}, nil
@@ -177,7 +184,7 @@ func (d *Deliverer) send(ctx context.Context, job *wire.Job, msg *notify.Message
 		return failure(false, fmt.Errorf("channel %s is not configured on this worker", job.Channel)), nil
 	}
 	sctx, cancel := context.WithTimeout(ctx, d.cfg.SendTimeout)
-	retry, err := ch.Notify(sctx, job.Endpoint, msg)
+	retry, err := ch.Notify(sctx, endpoint, msg)
 	o := answered
 	switch {
 	case ctx.Err() != nil:
@@ -186,7 +193,7 @@ func (d *Deliverer) send(ctx context.Context, job *wire.Job, msg *notify.Message
 		o = timedOut
 	}
 	cancel()
-	d.circuitChanged(job, dest, d.dests.leave(v.slot, o, d.now()), v.slot.probe)
+	d.circuitChanged(job, endpoint, dest, d.dests.leave(v.slot, o, d.now()), v.slot.probe)
 	if err == nil {
 		return outcome{kind: outcomeSent}, nil
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/seal"
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
@@ -84,7 +85,10 @@ type Evaluator struct {
 	EventURL string
 	// Storms, when set, is told of every firing of a rule that wants
 	// "storm over" messages.
-	Storms  Storms
+	Storms Storms
+	// Keys seal the endpoint in each delivery job (KLAXON_ENDPOINT_KEY);
+	// nil leaves it in clear.
+	Keys    *seal.Keys
 	Log     *slog.Logger
 	Metrics *metrics.Metrics
 
@@ -445,7 +449,8 @@ func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result
 	}
 	jobs := make([]queue.Message, 0, len(order))
 	for _, dest := range order {
-		job := wire.Job{Channel: dest.channel, Endpoint: dest.endpoint, ProjectID: ev.ProjectID, Firings: to[dest]}
+		job := wire.Job{Channel: dest.channel, Endpoint: e.Keys.Seal(dest.endpoint, ev.ProjectID, dest.channel),
+			ProjectID: ev.ProjectID, Firings: to[dest]}
 		if len(job.Firings) == 1 {
 			// One rule: the job of a single firing, as before grouping.
 			f := job.Firings[0]

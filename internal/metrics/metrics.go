@@ -23,6 +23,10 @@ type Metrics struct {
 	// end counts as sent). Sent counts messages: a digest, or an event's
 	// grouped message, counts once; the others count firings.
 	Notifications *prometheus.CounterVec
+	// EndpointsUnopened counts delivery jobs whose sealed endpoint did not
+	// open (a key no longer in KLAXON_ENDPOINT_KEY, or an altered value),
+	// by channel; each also fails for good.
+	EndpointsUnopened *prometheus.CounterVec
 	// CircuitChanges counts destinations' circuits changing state, by
 	// channel and new state (open, half_open, closed).
 	CircuitChanges *prometheus.CounterVec
@@ -45,6 +49,11 @@ type Metrics struct {
 	// (its rule or window gone), error (a check that failed and is tried
 	// again).
 	Storms *prometheus.CounterVec
+	// HeldBytes is the bytes of messages a consumer holds unacked, by
+	// queue; ConsumerPauses counts the times it stopped consuming because
+	// they passed KLAXON_MAX_HELD_BYTES.
+	HeldBytes      *prometheus.GaugeVec
+	ConsumerPauses *prometheus.CounterVec
 	// RuleLoads by source outcome (ok, error); on error the last good rules serve.
 	RuleLoads *prometheus.CounterVec
 	// RuleWarnings counts malformed or suspicious rules seen at load.
@@ -77,6 +86,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		Notifications: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "klaxon_notifications_total", Help: "Notification deliveries by channel and outcome.",
 		}, []string{"channel", "outcome"}),
+		EndpointsUnopened: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "klaxon_endpoints_unopened_total", Help: "Delivery jobs whose sealed endpoint did not open, by channel; each failed for good.",
+		}, []string{"channel"}),
 		CircuitChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "klaxon_circuit_changes_total", Help: "Destination circuits changing state, by channel and new state.",
 		}, []string{"channel", "state"}),
@@ -105,6 +117,12 @@ func New(reg prometheus.Registerer) *Metrics {
 		Storms: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "klaxon_storms_total", Help: "Storms tracked for \"storm over\" messages, by outcome.",
 		}, []string{"outcome"}),
+		HeldBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "klaxon_consumer_held_bytes", Help: "Bytes of messages a consumer holds unacknowledged, by queue.",
+		}, []string{"queue"}),
+		ConsumerPauses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "klaxon_consumer_pauses_total", Help: "Times a consumer stopped consuming because the bytes it held passed KLAXON_MAX_HELD_BYTES, by queue.",
+		}, []string{"queue"}),
 		RuleLoads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "klaxon_rule_loads_total", Help: "Rule reloads by outcome.",
 		}, []string{"outcome"}),
@@ -115,7 +133,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "klaxon_dependency_up", Help: "1 while a dependency answers.",
 		}, []string{"dependency"}),
 	}
-	reg.MustRegister(m.Events, m.RulesEvaluated, m.Firings, m.Notifications, m.CircuitChanges, m.CircuitsOpen, m.DeliveryLatency,
-		m.EventLag, m.QueueDepth, m.Consuming, m.Batches, m.Storms, m.RuleLoads, m.RuleWarnings, m.Up)
+	reg.MustRegister(m.Events, m.RulesEvaluated, m.Firings, m.Notifications, m.EndpointsUnopened, m.CircuitChanges, m.CircuitsOpen, m.DeliveryLatency,
+		m.EventLag, m.QueueDepth, m.Consuming, m.Batches, m.Storms, m.HeldBytes, m.ConsumerPauses, m.RuleLoads, m.RuleWarnings, m.Up)
 	return m
 }

@@ -32,6 +32,12 @@ type Hooks struct {
 	Connection func(up bool)
 	// Batch is called by the Consumer after every handler call.
 	Batch func(BatchResult)
+	// Paused is called when the Consumer stops consuming because the
+	// bytes it holds passed ConsumerConfig.MaxHeldBytes.
+	Paused func()
+	// Held is called with the bytes of the deliveries held (received and
+	// not settled) whenever they change, when MaxHeldBytes is set.
+	Held func(bytes int64)
 	// Publish is called by the Publisher after every Publish call.
 	Publish func(PublishResult)
 }

@@ -35,6 +35,12 @@ type ConsumerConfig struct {
 	ConnectionName string
 	// Prefetch is the most deliveries the broker sends ahead of acks [1000].
 	Prefetch int
+	// MaxHeldBytes, when above 0, bounds the bytes of the deliveries held
+	// received and not settled, which Prefetch bounds only in messages:
+	// past it the Consumer stops consuming until they fall to half of it,
+	// and it sizes the prefetch to the messages it sees (feeder.go). 0
+	// leaves Prefetch as the only bound.
+	MaxHeldBytes int64
 	// MaxBatch caps a batch [256]; it is lowered to Prefetch if above it.
 	MaxBatch int
 	// Linger is how long a batch that is not full waits for more deliveries
@@ -378,12 +384,17 @@ func (c *Consumer) subscribe(conn *amqp.Connection) (*session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open channel: %w", err)
 	}
-	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
-		return nil, fmt.Errorf("set prefetch %d: %w", c.cfg.Prefetch, err)
-	}
 	s := newSession(ch) // watches for the close from before the first delivery
 	s.tag = c.cfg.ConnectionName + "-" + rand.Text()
 	s.inOrder = c.cfg.InOrder
+	if c.cfg.MaxHeldBytes > 0 {
+		s.feeder = newFeeder(ch, s.deadCtx.Done(), c.cfg.Queue, s.tag, c.cfg.MaxHeldBytes, c.cfg.Prefetch, c.log, c.cfg.Hooks)
+		s.deliveries, err = s.feeder.start()
+		return s, err
+	}
+	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
+		return s, fmt.Errorf("set prefetch %d: %w", c.cfg.Prefetch, err)
+	}
 	s.deliveries, err = ch.Consume(c.cfg.Queue, s.tag, false, false, false, false, nil)
 	if err != nil {
 		return s, fmt.Errorf("consume queue %q: %w", c.cfg.Queue, err)
@@ -478,6 +489,7 @@ type session struct {
 	ch         *amqp.Channel
 	tag        string
 	deliveries <-chan amqp.Delivery
+	feeder     *feeder // between the channel and deliveries when bytes are bounded; else nil
 	closes     chan *amqp.Error
 	cancels    chan string // the broker cancelled the consumer (queue deleted)
 
@@ -527,6 +539,9 @@ func (s *session) wait() { <-s.watcherEnd }
 // (about to be) ready. A channel that shuts down closes s.cancels too: that
 // is no cancel, and the close is the cause.
 func (s *session) cause() error {
+	if s.feeder != nil && s.feeder.err != nil { // set before deliveries closed
+		return s.feeder.err
+	}
 	select {
 	case <-s.deadCtx.Done():
 		return s.closeErr
@@ -662,6 +677,13 @@ func (s *session) send(b *Batch, oldest bool) error {
 		}
 	}
 	s.inflight = slices.DeleteFunc(s.inflight, func(x *Batch) bool { return x == b })
+	if s.feeder != nil {
+		var n int64
+		for _, d := range b.Deliveries {
+			n += int64(len(d.Body))
+		}
+		s.feeder.release(n)
+	}
 	return nil
 }
 
@@ -673,7 +695,12 @@ func (s *session) send(b *Batch, oldest bool) error {
 func (s *session) stop(b *Batch, wait func()) error {
 	// noWait: deliveries that cross the cancel are dropped client-side and
 	// requeued by the broker when the channel closes a moment later.
-	err := s.ch.Cancel(s.tag, true)
+	var err error
+	if s.feeder != nil {
+		s.feeder.stopConsuming()
+	} else {
+		err = s.ch.Cancel(s.tag, true)
+	}
 	var last uint64
 	if b != nil {
 		last = b.Deliveries[len(b.Deliveries)-1].DeliveryTag

@@ -34,6 +34,19 @@
 //     that hangs) holds only its own deliveries, while the other slots go
 //     on handling and acking the deliveries behind it.
 //
+//   - RabbitMQ has no prefetch by bytes (basic.qos prefetch-size is not
+//     implemented), and amqp091 buffers whatever the broker pushes. With
+//     MaxHeldBytes, a feeder (feeder.go) counts the bytes received and not
+//     settled, cancels the consumer past the budget and consumes again on
+//     the same channel at half, with a prefetch sized to the messages seen,
+//     starting at 1. Per-consumer qos applies to consumers started after
+//     it, so a new prefetch means a new consumer: the feeder's one
+//     goroutine cancels, waits for the cancelled consumer's deliveries to
+//     end, and only then consumes again, so deliveries stay in tag order
+//     and a multiple ack never covers one not handled. Channel flow
+//     (channel.flow active=false) is not honoured by RabbitMQ, and a
+//     broker max_message_size alone bounds a message, not how many.
+//
 //   - Each consumer connection lives in a session. A batch remembers nothing
 //     but its own session's channel, so a tag is never acked on a channel
 //     that did not deliver it. When a channel dies, what it delivered is

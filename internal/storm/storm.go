@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"time"
 
@@ -34,6 +35,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/seal"
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
@@ -71,6 +73,9 @@ type Config struct {
 	Publisher Publisher
 	// DeliveryQueue receives the messages' delivery jobs.
 	DeliveryQueue string
+	// Keys seal the endpoints of a decided message's record and jobs
+	// (KLAXON_ENDPOINT_KEY); nil leaves them in clear.
+	Keys *seal.Keys
 	// All turns storm-over messages on for every rule that does not say
 	// (KLAXON_STORM_OVER).
 	All bool
@@ -283,7 +288,7 @@ func (t *Tracker) check(ctx context.Context, id, lease string) error {
 			return err
 		}
 		over := overMessage(&rec, r)
-		rec.Over, rec.Channels = &over, r.Channels
+		rec.Over, rec.Channels = &over, t.sealed(rec.ProjectID, r.Channels)
 		// Decided: written before anything is published, so that whoever
 		// publishes it publishes this one message.
 		res, err := t.write(ctx, id, lease, &rec, lease, true, strconv.FormatInt(h.Loud, 10))
@@ -397,4 +402,14 @@ func overMessage(rec *record, r *rules.Rule) notify.Notification {
 			Exact:      !h.Inexact,
 		},
 	}
+}
+
+// sealed is channels with their endpoints sealed: a decided message's
+// record keeps them in Redis until its jobs are published.
+func (t *Tracker) sealed(project string, cs []rules.Channel) []rules.Channel {
+	out := slices.Clone(cs)
+	for i := range out {
+		out[i].Endpoint = t.cfg.Keys.Seal(out[i].Endpoint, project, out[i].Name)
+	}
+	return out
 }

@@ -2,9 +2,13 @@ package storm_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +22,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/seal"
 	"github.com/klaxonhq/klaxon/internal/storm"
 	"github.com/klaxonhq/klaxon/internal/testenv"
 	"github.com/klaxonhq/klaxon/internal/wire"
@@ -364,6 +369,72 @@ func TestStormsOnCluster(t *testing.T) {
 	for _, id := range ids {
 		if !seen[id+":webhook"] || !seen[id+":slack"] {
 			t.Errorf("no storm-over jobs for %s in %v", id, seen)
+		}
+	}
+}
+
+// With KLAXON_ENDPOINT_KEY, a decided storm's record in Redis and its jobs
+// carry sealed endpoints, which the deliverer opens to the rule's own.
+func TestEndpointsSealedInRecordAndJobs(t *testing.T) {
+	s := newSetup(t)
+	raw := make([]byte, seal.KeySize)
+	rand.Read(raw)
+	keys, err := seal.Parse(base64.StdEncoding.EncodeToString(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, _ := s.storm("g-sealed", 6)
+	tracker := func(pub storm.Publisher, lease time.Duration) *storm.Tracker {
+		return storm.New(storm.Config{Redis: s.rdb, Prefix: s.prefix, Rings: s.engine, Rules: staticRules{rules.NewMatcher([]*rules.Rule{s.rule})},
+			Publisher: pub, DeliveryQueue: s.queue, Keys: keys, Poll: 20 * time.Millisecond, Lease: lease,
+			Metrics: metrics.New(prometheus.NewRegistry())})
+	}
+	killed := &dies{pub: s.pub}
+	a := tracker(killed, 300*time.Millisecond)
+	if err := a.Start(context.Background(), s.rule, 0, firing(o, "g-sealed")); err != nil {
+		t.Fatal(err)
+	}
+	for killed.calls == 0 {
+		_ = a.Sweep(context.Background()) // until it decided, and died publishing
+	}
+	// Decided, not published: the record holds the message and its channels.
+	ctx := context.Background()
+	var values []string
+	for it := s.rdb.Scan(ctx, 0, s.prefix+"*", 100).Iterator(); it.Next(ctx); {
+		switch s.rdb.Type(ctx, it.Val()).Val() {
+		case "string":
+			values = append(values, s.rdb.Get(ctx, it.Val()).Val())
+		case "hash":
+			for _, v := range s.rdb.HGetAll(ctx, it.Val()).Val() {
+				values = append(values, v)
+			}
+		}
+	}
+	if !slices.ContainsFunc(values, func(v string) bool { return strings.Contains(v, "storm_over") }) {
+		t.Fatal("no decided storm record found under the test's prefix")
+	}
+	for _, c := range s.rule.Channels {
+		for _, v := range values {
+			if strings.Contains(v, c.Endpoint) {
+				t.Errorf("the %s endpoint is in clear in Redis", c.Name)
+			}
+		}
+	}
+	jobs := s.wait(tracker(s.pub, time.Minute))
+	checkOver(t, jobs, o.ID, 6, 800)
+	for _, d := range jobs {
+		j, _ := wire.DecodeJob(d.Body)
+		want := ""
+		for _, c := range s.rule.Channels {
+			if c.Name == j.Channel {
+				want = c.Endpoint
+			}
+		}
+		if !seal.Sealed(j.Endpoint) {
+			t.Errorf("%s job's endpoint is not sealed", j.Channel)
+		}
+		if got, err := keys.Open(j.Endpoint, project, j.Channel); err != nil || got != want {
+			t.Errorf("%s job's endpoint opens to %q, %v; want the rule's", j.Channel, got, err)
 		}
 	}
 }

@@ -1,0 +1,212 @@
+package queue
+
+import (
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// slowStart is the prefetch a feeder starts with: what the broker may
+// push before the feeder has seen how big messages are.
+const slowStart = 1
+
+// feeder bounds the bytes a session holds (ConsumerConfig.MaxHeldBytes).
+// RabbitMQ counts prefetch in messages and amqp091 buffers whatever the
+// broker pushes, so the one brake there is on bytes is to stop consuming:
+// the feeder sits between the channel's deliveries and the batches, counts
+// the bytes of every delivery received and not yet settled, and
+//
+//   - cancels its consumer once they pass the budget, and consumes again,
+//     on the same channel, once they fall to half of it;
+//   - sizes each consumer's prefetch so that the largest message it saw
+//     lately, times the prefetch, fits half the budget; starts at 1 and
+//     doubles, a consumer at a time, while messages stay small.
+//
+// One goroutine (run) owns the consumer: it alone cancels, sets the
+// prefetch and consumes, and it consumes again only once the cancelled
+// consumer's deliveries channel is closed, that is once every delivery the
+// broker sent it is in hand. The deliveries it passes on keep the broker's
+// order, so tags only grow and a multiple ack covers only what was handled.
+// Deliveries of a cancelled consumer stay unacked on the channel and are
+// settled as usual; a new connection starts a new feeder from nothing.
+type feeder struct {
+	ch          *amqp.Channel
+	queue, name string
+	budget      int64
+	maxPrefetch int
+	log         *slog.Logger
+	hooks       Hooks // Paused and Held; either may be nil
+
+	dead  <-chan struct{} // closed when the channel has closed
+	held  atomic.Int64    // bytes received and not settled
+	freed chan struct{}   // a settle lowered held; 1-buffered
+	halt  chan struct{}   // closed by stopConsuming
+	out   chan amqp.Delivery
+	err   error // why consuming failed; set before out closes
+
+	// Owned by run.
+	prefetch int
+	tag      string
+	n        int   // deliveries the current consumer gave
+	largest  int64 // the largest of them, in bytes
+	seq      int
+}
+
+func newFeeder(ch *amqp.Channel, dead <-chan struct{}, queue, name string, budget int64, maxPrefetch int, log *slog.Logger, hooks Hooks) *feeder {
+	return &feeder{
+		ch: ch, dead: dead, queue: queue, name: name, budget: budget, maxPrefetch: maxPrefetch, log: log, hooks: hooks,
+		freed: make(chan struct{}, 1), halt: make(chan struct{}), out: make(chan amqp.Delivery),
+		prefetch: min(slowStart, maxPrefetch),
+	}
+}
+
+// start consumes with the first prefetch; run takes it from there.
+func (f *feeder) start() (<-chan amqp.Delivery, error) {
+	src, err := f.consume()
+	if err != nil {
+		return nil, err
+	}
+	go f.run(src)
+	return f.out, nil
+}
+
+// release is called once bytes of deliveries were acked or nacked.
+func (f *feeder) release(bytes int64) {
+	if bytes == 0 {
+		return
+	}
+	held := f.held.Add(-bytes)
+	if f.hooks.Held != nil {
+		f.hooks.Held(held)
+	}
+	select {
+	case f.freed <- struct{}{}:
+	default: // a wake-up is pending already
+	}
+}
+
+// stopConsuming asks run to cancel the consumer (without waiting for the
+// broker) and close out once what it holds is passed on.
+func (f *feeder) stopConsuming() { close(f.halt) }
+
+func (f *feeder) consume() (<-chan amqp.Delivery, error) {
+	if err := f.ch.Qos(f.prefetch, 0, false); err != nil {
+		return nil, fmt.Errorf("set prefetch %d: %w", f.prefetch, err)
+	}
+	f.seq++
+	f.tag = fmt.Sprintf("%s-%d", f.name, f.seq)
+	f.n, f.largest = 0, 0
+	src, err := f.ch.Consume(f.queue, f.tag, false, false, false, false, nil)
+	if err != nil {
+		return nil, fmt.Errorf("consume queue %q: %w", f.queue, err)
+	}
+	return src, nil
+}
+
+// fit is the largest prefetch at which size-byte messages fill half the
+// budget, within 1 and the configured prefetch.
+func (f *feeder) fit(size int64) int {
+	return int(max(1, min(int64(f.maxPrefetch), f.budget/2/max(size, 1))))
+}
+
+// run passes deliveries on from src, and from each consumer after it,
+// until the channel or the consumer ends (out closes with f.err set) or
+// stopConsuming (out closes once src and the queue are drained).
+func (f *feeder) run(src <-chan amqp.Delivery) {
+	defer close(f.out)
+	var (
+		queue      []amqp.Delivery // received, not passed on yet
+		cancelled  bool            // src is being drained after our cancel
+		next       int             // the prefetch of the consumer after src
+		stopping   bool
+		stopWanted = f.halt
+	)
+	// fail ends consuming on this channel for good: closing it makes sure
+	// the session sees it die, and reconnects.
+	fail := func(err error) {
+		f.err = err
+		_ = f.ch.Close()
+		src, stopping, queue = nil, true, nil
+	}
+	cancel := func(prefetch int) {
+		if err := f.ch.Cancel(f.tag, false); err != nil {
+			fail(fmt.Errorf("cancel consumer: %w", err))
+			return
+		}
+		cancelled, next = true, prefetch
+	}
+	for {
+		if src == nil && !stopping && f.held.Load() <= f.budget/2 {
+			// Paused, or between consumers: the cancelled one is drained,
+			// and what it sent after the cancel counts too.
+			f.prefetch = min(next, f.fit(f.largest))
+			s, err := f.consume()
+			if err != nil {
+				fail(err)
+			} else {
+				src, cancelled = s, false
+			}
+		}
+		if src == nil && stopping && len(queue) == 0 {
+			return
+		}
+		var out chan amqp.Delivery
+		var head amqp.Delivery
+		if len(queue) > 0 {
+			out, head = f.out, queue[0]
+		}
+		select {
+		case d, ok := <-src:
+			if !ok {
+				if !cancelled {
+					// The channel closed, or the broker cancelled: the
+					// session ends, and the broker redelivers what it
+					// holds, as it does without a feeder.
+					return
+				}
+				src = nil
+				continue
+			}
+			size := int64(len(d.Body))
+			held := f.held.Add(size)
+			if f.hooks.Held != nil {
+				f.hooks.Held(held)
+			}
+			f.n++
+			f.largest = max(f.largest, size)
+			queue = append(queue, d)
+			switch {
+			case cancelled:
+			case held > f.budget:
+				f.log.Debug("consumer paused: the messages held are over the budget",
+					"held_bytes", held, "budget_bytes", f.budget, "prefetch", f.prefetch, "largest_bytes", f.largest)
+				if f.hooks.Paused != nil {
+					f.hooks.Paused()
+				}
+				cancel(min(f.prefetch, f.fit(f.largest)))
+			case f.n >= f.prefetch && f.prefetch < f.maxPrefetch && f.fit(f.largest) > f.prefetch:
+				cancel(min(2*f.prefetch, f.fit(f.largest))) // slow start
+			}
+		case out <- head:
+			queue[0] = amqp.Delivery{}
+			queue = queue[1:]
+		case <-f.freed:
+		case <-f.dead:
+			// Paused, or the session gone without a stop: nothing reads
+			// out any more, and what is held comes again from the broker.
+			return
+		case <-stopWanted:
+			stopWanted, stopping = nil, true
+			if src != nil && !cancelled {
+				// noWait: what crosses the cancel is dropped here and
+				// requeued when the channel closes (session.stop).
+				if err := f.ch.Cancel(f.tag, true); err != nil {
+					f.err, src = err, nil
+				}
+				cancelled = true
+			}
+		}
+	}
+}
