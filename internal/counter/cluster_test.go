@@ -2,16 +2,15 @@ package counter
 
 import (
 	"context"
-	"fmt"
-	"net"
 	"os"
-	"os/exec"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
 // The same scripts on a 3-node Redis Cluster: every call touches one slot.
@@ -38,7 +37,7 @@ func testCluster(t *testing.T) *redis.ClusterClient {
 	t.Helper()
 	addrs := strings.Split(os.Getenv("KLAXON_TEST_REDIS_CLUSTER"), ",")
 	if addrs[0] == "" {
-		addrs = startCluster(t)
+		addrs = testenv.StartCluster(t).Addrs
 	}
 	ctx := context.Background()
 	// Every node must see every slot served before the first command, or
@@ -65,56 +64,4 @@ func testCluster(t *testing.T) *redis.ClusterClient {
 		t.Fatalf("Redis Cluster %v: %v", addrs, err)
 	}
 	return rdb
-}
-
-func startCluster(t *testing.T) []string {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Fatalf("redis-server not found: install Debian's redis-server (see .ci/run): %v", err)
-	}
-	dir := t.TempDir()
-	var addrs []string
-	for i := range 3 {
-		port := freePort(t)
-		addr := fmt.Sprintf("127.0.0.1:%d", port)
-		cmd := exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1",
-			"--cluster-enabled", "yes", "--cluster-config-file", fmt.Sprintf("nodes-%d.conf", i),
-			"--dir", dir, "--save", "", "--appendonly", "no", "--logfile", fmt.Sprintf("%s/redis-%d.log", dir, i))
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("start redis-server: %v", err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		waitAnswers(t, addr)
-		addrs = append(addrs, addr)
-	}
-	args := append([]string{"--cluster", "create"}, addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
-	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
-		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
-	}
-	return addrs
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-func waitAnswers(t *testing.T, addr string) {
-	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for c.Ping(context.Background()).Err() != nil {
-		if time.Now().After(deadline) {
-			t.Fatalf("redis-server at %s did not start", addr)
-		}
-		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
-	}
 }

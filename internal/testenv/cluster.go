@@ -1,0 +1,141 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Cluster is a Redis Cluster of the test's own: three masters, no replicas,
+// each a redis-server process on a free port of 127.0.0.1, stopped when the
+// test ends. Reshard moves slots between them with redis-cli, as an
+// operator would.
+type Cluster struct {
+	t     testing.TB
+	dir   string
+	Addrs []string
+}
+
+// StartCluster starts the cluster and returns once every node sees every
+// slot served.
+func StartCluster(t testing.TB) *Cluster {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatalf("testenv: redis-server not found (scripts/services.sh installs it): %v", err)
+	}
+	if _, err := exec.LookPath("redis-cli"); err != nil {
+		t.Fatalf("testenv: redis-cli not found (scripts/services.sh installs it): %v", err)
+	}
+	c := &Cluster{t: t, dir: t.TempDir()}
+	s := &Sentinel{t: t, dir: c.dir, bin: bin} // for spawn and waitFor
+	for i := range 3 {
+		port := freePort(t)
+		p := s.spawn(port, "--port", port, "--bind", "127.0.0.1",
+			"--cluster-enabled", "yes", "--cluster-config-file", fmt.Sprintf("nodes-%d.conf", i),
+			"--dir", c.dir, "--save", "", "--appendonly", "no", "--logfile", filepath.Join(c.dir, fmt.Sprintf("redis-%d.log", i)))
+		t.Cleanup(func() { s.kill(p) })
+		c.Addrs = append(c.Addrs, p.addr())
+	}
+	args := append([]string{"--cluster", "create"}, c.Addrs...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
+		t.Fatalf("testenv: redis-cli --cluster create: %v\n%s", err, out)
+	}
+	c.waitStable()
+	return c
+}
+
+// waitStable waits until every node says the cluster is ok with every slot
+// served, and no slot is migrating or importing.
+func (c *Cluster) waitStable() {
+	c.t.Helper()
+	s := &Sentinel{t: c.t, dir: c.dir}
+	for _, addr := range c.Addrs {
+		node := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+		s.waitFor("Redis Cluster node "+addr+" ready", func() (bool, string) {
+			info, err := node.ClusterInfo(context.Background()).Result()
+			ok := err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_slots_ok:16384")
+			return ok, fmt.Sprintf("%q (%v)", info, err)
+		})
+		_ = node.Close()
+	}
+}
+
+// nodeIDs returns the node id of each address, in Addrs order.
+func (c *Cluster) nodeIDs(ctx context.Context) ([]string, error) {
+	ids := make([]string, len(c.Addrs))
+	for i, addr := range c.Addrs {
+		node := redis.NewClient(&redis.Options{Addr: addr})
+		id, err := node.Do(ctx, "CLUSTER", "MYID").Text()
+		_ = node.Close()
+		if err != nil {
+			return nil, fmt.Errorf("CLUSTER MYID of %s: %w", addr, err)
+		}
+		ids[i] = id
+	}
+	return ids, nil
+}
+
+// Slots returns the slots node i serves, in order.
+func (c *Cluster) Slots(i int) []int {
+	c.t.Helper()
+	node := redis.NewClient(&redis.Options{Addr: c.Addrs[i]})
+	defer node.Close()
+	ranges, err := node.ClusterSlots(context.Background()).Result()
+	if err != nil {
+		c.t.Fatalf("testenv: CLUSTER SLOTS: %v", err)
+	}
+	var slots []int
+	for _, r := range ranges {
+		if len(r.Nodes) > 0 && r.Nodes[0].Addr == c.Addrs[i] {
+			for s := r.Start; s <= r.End; s++ {
+				slots = append(slots, s)
+			}
+		}
+	}
+	sort.Ints(slots)
+	return slots
+}
+
+// Reshard moves n slots from node from to node to with redis-cli --cluster
+// reshard (the lowest-numbered of from's slots: redis-cli takes them in
+// order), keys and all, while clients go on. It returns what redis-cli
+// printed and its error, so that a caller running it on a goroutine reports
+// it itself.
+func (c *Cluster) Reshard(ctx context.Context, from, to, n int) (string, error) {
+	ids, err := c.nodeIDs(ctx)
+	if err != nil {
+		return "", err
+	}
+	start := time.Now()
+	out, err := exec.CommandContext(ctx, "redis-cli", "--cluster", "reshard", c.Addrs[0],
+		"--cluster-from", ids[from], "--cluster-to", ids[to], "--cluster-slots", fmt.Sprint(n),
+		"--cluster-yes").CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("redis-cli --cluster reshard %d slots %s → %s after %s: %w",
+			n, c.Addrs[from], c.Addrs[to], time.Since(start).Round(time.Millisecond), err)
+	}
+	return string(out), nil
+}
+
+// ReshardPhaseEnv runs the tests that move Redis Cluster slots while
+// events flow: they take tens of seconds of both cores, so scripts/test.sh
+// runs them in the phase of the Sentinel tests, after the others.
+const ReshardPhaseEnv = "KLAXON_TEST_RESHARD"
+
+// ReshardPhase skips t unless ReshardPhaseEnv is 1.
+func ReshardPhase(t testing.TB) {
+	t.Helper()
+	if os.Getenv(ReshardPhaseEnv) != "1" {
+		t.Skipf("moves Redis Cluster slots mid-stream; set %s=1 to run it (scripts/test.sh does)", ReshardPhaseEnv)
+	}
+}
