@@ -13,6 +13,6 @@ cd "$(dirname "$0")/.."
 ensure_services
 go vet ./...
 go test -race -count=1 -timeout 12m "$@" ./...
-KLAXON_TEST_SENTINEL=1 go test -p 1 -race -count=1 -timeout 5m "$@" -run '^TestSentinel' ./internal/testenv ./cmd/worker
+KLAXON_TEST_SENTINEL=1 go test -p 1 -race -count=1 -timeout 8m "$@" -run '^TestSentinel|^TestChaosSentinel' ./internal/testenv ./cmd/worker ./cmd/chaos
 KLAXON_TEST_RESHARD=1 go test -p 1 -race -count=1 -timeout 5m "$@" -run 'Reshard' ./internal/counter ./cmd/chaos
 KLAXON_TEST_BROKER_RESTART=1 go test -race -count=1 -timeout 5m "$@" -run '^TestBrokerRestart$' ./cmd/worker

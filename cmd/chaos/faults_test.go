@@ -68,6 +68,10 @@ func runFaults(t *testing.T, cfg Config) *Result {
 	cfg.Timeout = time.Duration(cfg.Events/cfg.Rate)*time.Second + 3*time.Minute
 	cfg.AMQPURL = testenv.AMQPURL(t)
 	cfg.Dir = t.TempDir()
+	if dir := os.Getenv("KLAXON_TEST_CHAOS_DIR"); dir != "" {
+		// Kept, with the workers' info lines, to trace a finding.
+		cfg.Dir, cfg.Keep, cfg.LogLevel = dir, true, "info"
+	}
 	cfg.Log = slog.New(slog.NewTextHandler(testWriter{t}, nil))
 	res, err := Run(context.Background(), cfg)
 	if err != nil {
@@ -80,7 +84,7 @@ func runFaults(t *testing.T, cfg Config) *Result {
 	if res.Unsettled != "" || len(res.UnexpectedExits) > 0 || res.Bad != 0 {
 		t.Errorf("unsettled %q, unexpected exits %v, %d bad bodies", res.Unsettled, res.UnexpectedExits, res.Bad)
 	}
-	if !res.OK() {
+	if !res.OK() && !cfg.Keep {
 		dumpLogs(t, cfg.Dir)
 	}
 	return res
