@@ -32,13 +32,27 @@ import (
 // slotGuard is the key no script writes, declared after the state keys.
 func slotGuard(stateKey string) string { return stateKey[:len(stateKey)-1] + "m" }
 
+// guarded reports whether calls declare a slot guard: on Cluster.
+func (e *Engine) guarded() bool {
+	_, cluster := e.rdb.(*redis.ClusterClient)
+	return cluster
+}
+
 // declared is the KEYS of a call: its state keys, and on Cluster the guard
-// of the (one) group's slot.
-func (e *Engine) declared(keys []string) []string {
-	if _, cluster := e.rdb.(*redis.ClusterClient); !cluster || len(keys) == 0 {
+// of the (one) group's slot. There it also queues, before the call, a read
+// of the guard (EXISTS, 0): go-redis' cluster pipeline sends a node's
+// whole batch again when the batch's first reply is TRYAGAIN, and with
+// it a call that an ASK already sent elsewhere, so that one call goes to
+// two nodes at once (a data race in the client, and the call counted
+// twice, which its token turns into a replay). A guard's read, never
+// refused with TRYAGAIN, keeps a call from being first.
+func (e *Engine) declared(ctx context.Context, p redis.Pipeliner, keys []string) []string {
+	if !e.guarded() || len(keys) == 0 {
 		return keys
 	}
-	return append(keys[:len(keys):len(keys)], slotGuard(keys[0]))
+	guard := slotGuard(keys[0])
+	p.Exists(ctx, guard)
+	return append(keys[:len(keys):len(keys)], guard)
 }
 
 // migrating reports whether a call was refused, without running, because
