@@ -206,7 +206,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	var fault faulter
 	if cfg.Fault != FaultNone {
-		if fault, err = newFaulter(cfg.Fault, redisOpts, cfg.ReshardSlots, mrand.New(mrand.NewPCG(cfg.Seed, 0x6661756c74))); err != nil {
+		if fault, err = newFaulter(cfg.Fault, redisOpts, cfg.ReshardSlots); err != nil {
 			return nil, err
 		}
 	}

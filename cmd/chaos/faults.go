@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	mrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 
@@ -32,7 +32,7 @@ type faulter interface {
 
 // newFaulter checks that the Redis URL is of the deployment the fault
 // needs and returns its faulter.
-func newFaulter(kind string, opts *config.RedisOptions, slots int, rng *mrand.Rand) (faulter, error) {
+func newFaulter(kind string, opts *config.RedisOptions, slots int) (faulter, error) {
 	switch kind {
 	case FaultFailover:
 		if opts.Failover == nil {
@@ -49,7 +49,7 @@ func newFaulter(kind string, opts *config.RedisOptions, slots int, rng *mrand.Ra
 		if slots < 1 {
 			return nil, fmt.Errorf("reshard-slots %d: want at least 1", slots)
 		}
-		return &reshard{opts: opts.Cluster, slots: slots, rng: rng}, nil
+		return &reshard{opts: opts.Cluster, slots: slots}, nil
 	}
 	return nil, fmt.Errorf("fault %q: want %q, %q or none", kind, FaultFailover, FaultReshard)
 }
@@ -143,12 +143,15 @@ func (f *failover) inject(ctx context.Context) (string, error) {
 	return old + " → " + promoted, nil
 }
 
-// reshard moves slots from a random master to another with redis-cli
-// --cluster reshard, keys and all, while the workers go on.
+// reshard moves slots round the masters, from each to the next in the
+// order of their ids, with redis-cli --cluster reshard, keys and all, while
+// the workers go on. Round, not back and forth: slots moved straight back
+// to the master they just left made Redis 7.0 lose track of their owner
+// (docs/guarantees.md).
 type reshard struct {
 	opts  *redis.ClusterOptions
 	slots int
-	rng   *mrand.Rand
+	n     int // reshards done
 }
 
 func (r *reshard) inject(ctx context.Context) (string, error) {
@@ -159,12 +162,11 @@ func (r *reshard) inject(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("CLUSTER SHARDS of %s: %w", seed, err)
 	}
-	// Masters that hold at least r.slots slots may give them.
 	type master struct {
 		id    string
 		slots int64
 	}
-	var masters, givers []master
+	var masters []master
 	for _, s := range shards {
 		var n int64
 		for _, rg := range s.Slots {
@@ -173,34 +175,44 @@ func (r *reshard) inject(ctx context.Context) (string, error) {
 		for _, node := range s.Nodes {
 			if node.Role == "master" && node.Health == "online" {
 				masters = append(masters, master{node.ID, n})
-				if n >= int64(r.slots) {
-					givers = append(givers, master{node.ID, n})
-				}
 			}
 		}
 	}
-	if len(masters) < 2 || len(givers) == 0 {
-		return "", fmt.Errorf("cluster of %d masters, %d with %d slots to give: nothing to reshard", len(masters), len(givers), r.slots)
+	if len(masters) < 2 {
+		return "", fmt.Errorf("cluster of %d masters: nothing to reshard", len(masters))
 	}
-	from := givers[r.rng.IntN(len(givers))]
-	to := from
-	for to.id == from.id {
-		to = masters[r.rng.IntN(len(masters))]
+	slices.SortFunc(masters, func(a, b master) int { return strings.Compare(a.id, b.id) })
+	from, to := masters[r.n%len(masters)], masters[(r.n+1)%len(masters)]
+	if from.slots < int64(r.slots) {
+		return "", fmt.Errorf("master %.8s holds %d slots, fewer than -reshard-slots %d", from.id, from.slots, r.slots)
 	}
-	cmd := exec.CommandContext(ctx, "redis-cli", "--cluster", "reshard", seed, "--cluster-from", from.id,
-		"--cluster-to", to.id, "--cluster-slots", fmt.Sprint(r.slots), "--cluster-yes")
-	cmd.Env = os.Environ()
-	if r.opts.Password != "" {
-		cmd.Env = append(cmd.Env, "REDISCLI_AUTH="+r.opts.Password)
-	}
-	if out, err := cmd.CombinedOutput(); err != nil {
-		tail := string(out)
-		if len(tail) > 2000 {
-			tail = "…" + tail[len(tail)-2000:]
+	r.n++
+	// Right after a reshard the nodes may not agree yet on who owns what
+	// (gossip), which redis-cli refuses: ask again for a while.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		cmd := exec.CommandContext(ctx, "redis-cli", "--cluster", "reshard", seed, "--cluster-from", from.id,
+			"--cluster-to", to.id, "--cluster-slots", fmt.Sprint(r.slots), "--cluster-yes")
+		cmd.Env = os.Environ()
+		if r.opts.Password != "" {
+			cmd.Env = append(cmd.Env, "REDISCLI_AUTH="+r.opts.Password)
 		}
-		return "", fmt.Errorf("redis-cli --cluster reshard: %w\n%s", err, tail)
+		out, err := cmd.CombinedOutput()
+		if err == nil {
+			return fmt.Sprintf("%d slots %.8s → %.8s", r.slots, from.id, to.id), nil
+		}
+		settling := strings.Contains(string(out), "Nodes don't agree about configuration")
+		if !settling || time.Now().After(deadline) {
+			tail := string(out)
+			if len(tail) > 2000 {
+				tail = "…" + tail[len(tail)-2000:]
+			}
+			return "", fmt.Errorf("redis-cli --cluster reshard: %w\n%s", err, tail)
+		}
+		if err := pause(ctx, 100*time.Millisecond); err != nil {
+			return "", err
+		}
 	}
-	return fmt.Sprintf("%d slots %.8s → %.8s", r.slots, from.id, to.id), nil
 }
 
 // poll calls cond until it holds, for up to limit.

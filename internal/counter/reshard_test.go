@@ -31,13 +31,12 @@ func TestClusterReshardingMidStream(t *testing.T) {
 	ctx := context.Background()
 
 	// redis-cli takes the lowest-numbered slots of the source, so these
-	// go 0 → 1 → 0 → 2 → 0 … at every round.
+	// go round, 0 → 1 → 2 → 0 …: moving slots straight back to the node
+	// they just left makes Redis 7.0 lose track of their owner now and
+	// then (each node names the other), which no client can work around.
 	const moved = 64
 	slots := c.Slots(0)[:moved]
-	// At least this many reshards, and on until this many script calls
-	// met a migrating slot (a slot moves in milliseconds: most calls never
-	// meet one), for at most limit.
-	const reshards, refusals, limit = 16, 25, 3 * time.Minute
+	const reshards, refusals, limit = 16, 60, 3 * time.Minute
 	var done atomic.Int32
 	var refused atomic.Int64
 	var finished atomic.Bool
@@ -49,16 +48,13 @@ func TestClusterReshardingMidStream(t *testing.T) {
 		defer close(reshardErr)
 		defer finished.Store(true)
 		for r := 0; (done.Load() < reshards || refused.Load() < refusals) && time.Since(start) < limit && rctx.Err() == nil; r++ {
-			to := 1 + r%2
-			for _, hop := range [][2]int{{0, to}, {to, 0}} {
-				if out, err := c.Reshard(rctx, hop[0], hop[1], moved); err != nil {
-					if rctx.Err() == nil {
-						reshardErr <- fmt.Errorf("%w\n%s", err, tail(out, 2000))
-					}
-					return
+			if out, err := c.Reshard(rctx, r%3, (r+1)%3, moved); err != nil {
+				if rctx.Err() == nil {
+					reshardErr <- fmt.Errorf("%w\n%s", err, tail(out, 2000))
 				}
-				done.Add(1)
+				return
 			}
+			done.Add(1)
 		}
 	}()
 
@@ -162,8 +158,8 @@ func reshardStream(t *testing.T, rdb *redis.ClusterClient, seed uint64, slots []
 			}
 			g, w := firedIDs(got[i]), firedIDs(want)
 			if !slices.Equal(g, w) {
-				t.Errorf("stream %d event %s (group %s, t=%d, repeat %v): fired %v, the model %v",
-					seed, ev.ID, ev.GroupHash, ev.Time.UnixMilli(), ev.Redelivered, g, w)
+				t.Errorf("stream %d event %s (group %s, t=%d, repeat %v, duplicate %v, the model's %v): fired %v, the model %v",
+					seed, ev.ID, ev.GroupHash, ev.Time.UnixMilli(), ev.Redelivered, got[i].Duplicate, want.Duplicate, g, w)
 				return st
 			}
 			st.firings += len(w)

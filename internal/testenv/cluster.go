@@ -108,23 +108,76 @@ func (c *Cluster) Slots(i int) []int {
 
 // Reshard moves n slots from node from to node to with redis-cli --cluster
 // reshard (the lowest-numbered of from's slots: redis-cli takes them in
-// order), keys and all, while clients go on. It returns what redis-cli
-// printed and its error, so that a caller running it on a goroutine reports
-// it itself.
+// order), keys and all, while clients go on. Right after a reshard the
+// nodes may not agree yet on who owns what (gossip), which redis-cli
+// refuses: it is asked again for up to 10 s. It returns what redis-cli
+// printed and its error, so that a caller running it on a goroutine
+// reports it itself.
 func (c *Cluster) Reshard(ctx context.Context, from, to, n int) (string, error) {
 	ids, err := c.nodeIDs(ctx)
 	if err != nil {
 		return "", err
 	}
 	start := time.Now()
-	out, err := exec.CommandContext(ctx, "redis-cli", "--cluster", "reshard", c.Addrs[0],
-		"--cluster-from", ids[from], "--cluster-to", ids[to], "--cluster-slots", fmt.Sprint(n),
-		"--cluster-yes").CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("redis-cli --cluster reshard %d slots %s → %s after %s: %w",
-			n, c.Addrs[from], c.Addrs[to], time.Since(start).Round(time.Millisecond), err)
+	for {
+		out, err := exec.CommandContext(ctx, "redis-cli", "--cluster", "reshard", c.Addrs[0],
+			"--cluster-from", ids[from], "--cluster-to", ids[to], "--cluster-slots", fmt.Sprint(n),
+			"--cluster-yes").CombinedOutput()
+		if err == nil {
+			return string(out), c.waitAgreed(ctx)
+		}
+		if !Unsettled(string(out)) || time.Since(start) > 10*time.Second || ctx.Err() != nil {
+			return string(out), fmt.Errorf("redis-cli --cluster reshard %d slots %s → %s after %s: %w",
+				n, c.Addrs[from], c.Addrs[to], time.Since(start).Round(time.Millisecond), err)
+		}
+		time.Sleep(100 * time.Millisecond) // the nodes' gossip, polled with a deadline
 	}
-	return string(out), nil
+}
+
+// waitAgreed waits, for up to 10 s, until every node tells the same owner
+// of every slot: moving the same slots again before the last move reached
+// every node can leave a slot with no owner (seen with Redis 7.0).
+func (c *Cluster) waitAgreed(ctx context.Context) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var first, last string
+		agreed := true
+		for i, addr := range c.Addrs {
+			node := redis.NewClient(&redis.Options{Addr: addr})
+			slots, err := node.ClusterSlots(ctx).Result()
+			_ = node.Close()
+			if err != nil {
+				return fmt.Errorf("CLUSTER SLOTS of %s: %w", addr, err)
+			}
+			sort.Slice(slots, func(a, b int) bool { return slots[a].Start < slots[b].Start })
+			var b strings.Builder
+			covered := 0
+			for _, r := range slots {
+				fmt.Fprintf(&b, "%d-%d:%s ", r.Start, r.End, r.Nodes[0].Addr)
+				covered += r.End - r.Start + 1
+			}
+			last = b.String()
+			if i == 0 {
+				first = last
+			}
+			if last != first || covered != 16384 {
+				agreed = false
+			}
+		}
+		if agreed {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("the nodes do not agree on the slots 10 s after a reshard: %s / %s", first, last)
+		}
+		time.Sleep(50 * time.Millisecond) // the nodes' gossip, polled with a deadline
+	}
+}
+
+// Unsettled reports whether redis-cli refused to reshard only because the
+// nodes do not agree yet on the configuration a moment ago changed.
+func Unsettled(redisCLIOutput string) bool {
+	return strings.Contains(redisCLIOutput, "Nodes don't agree about configuration")
 }
 
 // ReshardPhaseEnv runs the tests that move Redis Cluster slots while
