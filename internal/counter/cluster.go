@@ -24,8 +24,9 @@ import (
 // So every call on Cluster also declares "<base>:m", which nothing ever
 // writes. Redis serves a call of several keys on a migrating or importing
 // slot only when all of them exist, so while the slot migrates the call
-// is refused whole (TRYAGAIN) before it runs, on either node; outside a
-// migration the key costs nothing. The engine sends a refused call again
+// never runs: the node it leaves redirects it (ASK, Redis 7.0) and the
+// node it goes to refuses it (TRYAGAIN); outside a migration the key
+// costs nothing. The engine sends a refused call again
 // once the slot has moved, and gives up (the batch is held and retried
 // with its token, counting once) after migrationPatience.
 
