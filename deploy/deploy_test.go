@@ -563,7 +563,8 @@ type container struct {
 	Name  string `yaml:"name"`
 	Image string `yaml:"image"`
 	Env   []struct {
-		Name string `yaml:"name"`
+		Name  string `yaml:"name"`
+		Value string `yaml:"value"`
 	} `yaml:"env"`
 	EnvFrom []struct {
 		ConfigMapRef *struct {
@@ -767,6 +768,10 @@ func TestKubernetes(t *testing.T) {
 			t.Errorf("the container does not take its environment from ConfigMap %s and Secret %s", cm.Metadata.Name, secret.Metadata.Name)
 		}
 		for _, e := range c.Env {
+			if e.Name == "GOMEMLIMIT" { // the Go runtime's, not Klaxon's
+				checkMemLimit(t, e.Value, c.Resources.Limits["memory"])
+				continue
+			}
 			env[e.Name] = "" // a value from elsewhere; only the name is checked
 			if !knownVariables()[e.Name] {
 				t.Errorf("container env %s is not a variable Klaxon reads", e.Name)
@@ -943,4 +948,18 @@ func TestKubernetes(t *testing.T) {
 			}
 		}
 	})
+}
+
+// checkMemLimit checks that the Go runtime's soft limit (GOMEMLIMIT, in
+// MiB) leaves the container's limit (in Mi) room for what is not Go heap.
+func checkMemLimit(t *testing.T, soft, hard string) {
+	t.Helper()
+	s, err1 := strconv.Atoi(strings.TrimSuffix(soft, "MiB"))
+	h, err2 := strconv.Atoi(strings.TrimSuffix(hard, "Mi"))
+	if err1 != nil || err2 != nil {
+		t.Fatalf("GOMEMLIMIT %q and memory limit %q: want NMiB and NMi", soft, hard)
+	}
+	if s > h*9/10 || s < h/2 {
+		t.Errorf("GOMEMLIMIT %dMiB for a %dMi container: want 50-90%% of it", s, h)
+	}
 }

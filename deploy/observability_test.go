@@ -32,6 +32,7 @@ var labelValues = map[string][]string{
 	"klaxon_batches_total/stage":         {"evaluator", "deliverer"},
 	"klaxon_batches_total/outcome":       {"ok", "error"},
 	"klaxon_rule_loads_total/outcome":    {"ok", "error"},
+	"klaxon_storms_total/outcome":        {"started", "over", "dropped", "error"},
 	"klaxon_dependency_up/dependency":    {"amqp", "redis", "rules"},
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Starts the local services Klaxon's tests and demo need, when they do not
-# answer: Redis on 127.0.0.1:6379 and RabbitMQ on 127.0.0.1:5672. MongoDB
-# needs nothing: tests and the demo run FerretDB in-process (cmd/devmongo).
+# answer: Redis on 127.0.0.1:6379 and RabbitMQ on 127.0.0.1:5672, with its
+# consistent-hash exchange plugin enabled. MongoDB needs nothing: tests and
+# the demo run FerretDB in-process (cmd/devmongo).
 # Source it, then call ensure_services.
 
 install_pkg() { # command package
@@ -44,6 +45,16 @@ ensure_rabbitmq() {
   return 1
 }
 
+# Hashed incoming queues (KLAXON_QUEUE_SHARDS, docs/scaling.md) need the
+# consistent-hash exchange: a plugin RabbitMQ ships but does not enable.
+# Enabling it starts the plugin on the running node, without a restart; when
+# it is on already, nothing is done at all.
+ensure_hash_exchange() {
+  if rabbitmq-plugins -q is_enabled rabbitmq_consistent_hash_exchange >/dev/null 2>&1; then return 0; fi
+  echo "services: enabling the RabbitMQ plugin rabbitmq_consistent_hash_exchange" >&2
+  rabbitmq-plugins -q enable rabbitmq_consistent_hash_exchange >/dev/null
+}
+
 ensure_services() {
-  ensure_redis && ensure_rabbitmq
+  ensure_redis && ensure_rabbitmq && ensure_hash_exchange
 }

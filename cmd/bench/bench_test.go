@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -113,6 +115,7 @@ func TestWriteTable(t *testing.T) {
 				PerEvent: PerEvent{RoundTrips: 0.02, Commands: 4.25, Scripts: 0.44, WorkerCPU: 20, RedisCPU: 30, BrokerCPU: 25},
 				Redis:    redisDelta{Calls: map[string]int64{"evalsha": 440, "get": 1200}, Scripts: 440, ScriptMicros: 44000, ScriptCommandMicros: 4000},
 				Latency:  &Latency{Rate: 8250, Probes: 10, Received: 9, P50: 12.5, P95: 30, P99: 41.25}},
+			{System: "ceiling", Queues: 4, EventsPerSec: 40000, CeilingRatio: 1},
 		},
 		Memory: &Memory{Workers: 1, Events: 1000, Groups: 10, UsedDelta: 3 << 20, Keys: 50, PerKey: 62914.56,
 			Stats: keyStats{States: 40, Pages: 10, StateBytes: 456, InlineBytes: 80, PageBytes: 1100}, DedupPerEvt: 14.2},
@@ -122,7 +125,7 @@ func TestWriteTable(t *testing.T) {
 	out := b.String()
 	for _, want := range []string{
 		"1,000 events, 2 projects × 4 rules, 10 groups (0% new)", "load average 0.50 at start, 0.75 at end",
-		"| bare consumer (ack only) |", "| Klaxon, 2 workers", "16,500", "83%", "0.020", "4.25", "32 MiB",
+		"| bare consumer (ack only) ", "| Klaxon, 2 workers", "| bare consumer (ack only), 4 queues |", "16,500", "83%", "0.020", "4.25", "32 MiB",
 		"12.5 / 30.0 / 41.2 at 8,250/s (9 of 10 probes)",
 		"evalsha=440", "get=1200", "100.0 µs per call, 44.0 µs per event; of which 4.0 µs per event in the commands they call, 40.0 µs in Lua",
 		"used_memory +3.0 MiB in 50 keys", "40 group state keys, MEMORY USAGE 456 B each, of which 80 B are ids; 10 pages of ids, 1100 B each; ids: 14.2 B per event",
@@ -277,7 +280,10 @@ func TestParseFlags(t *testing.T) {
 	if o, err = parseFlags([]string{"-env", "KLAXON_QUEUE_TYPE=quorum"}, io.Discard); err != nil || o.queueType != queue.Quorum {
 		t.Errorf("-env KLAXON_QUEUE_TYPE=quorum: queue type %q, %v", o.queueType, err)
 	}
-	for _, args := range [][]string{{"-workers", "0"}, {"-systems", "nats"}, {"-env", "PATH=/x"}, {"-events", "0"}, {"-env", "KLAXON_QUEUE_TYPE=stream"}} {
+	if o, err = parseFlags([]string{"-queues", "1,2,4"}, io.Discard); err != nil || !slices.Equal(o.queues, []int{1, 2, 4}) {
+		t.Errorf("-queues 1,2,4: %v, %v", o.queues, err)
+	}
+	for _, args := range [][]string{{"-queues", "0"}, {"-queues", "300"}, {"-workers", "0"}, {"-systems", "nats"}, {"-env", "PATH=/x"}, {"-events", "0"}, {"-env", "KLAXON_QUEUE_TYPE=stream"}} {
 		if _, err := parseFlags(args, io.Discard); err == nil {
 			t.Errorf("parseFlags(%q) succeeded", args)
 		}
@@ -293,6 +299,7 @@ func TestRunEndToEnd(t *testing.T) {
 	o.amqpURL, o.redisURL = testenv.AMQPURL(t), testenv.RedisURL()
 	o.events, o.projects, o.rules, o.groups, o.threshold = 2000, 5, 4, 50, 20
 	o.workers = []int{1}
+	o.queues = []int{1, 2}
 	o.latency, o.probeRate = time.Second, 20
 	o.progress = "off"
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -303,13 +310,18 @@ func TestRunEndToEnd(t *testing.T) {
 	}
 	var systems []string
 	for _, r := range rep.Results {
-		systems = append(systems, r.System)
+		systems = append(systems, fmt.Sprintf("%s×%d", r.System, r.Queues))
 		if r.Consumed != o.events || r.Events < 1 || r.Events > o.events || r.EventsPerSec <= 0 || r.CeilingRatio <= 0 {
 			t.Errorf("%s: %+v", r.System, r)
 		}
 	}
-	if strings.Join(systems, ",") != "ceiling,hawk,klaxon" {
+	// Hawk's notifier reads one queue: it runs with one only.
+	if strings.Join(systems, ",") != "ceiling×1,hawk×1,klaxon×1,ceiling×2,klaxon×2" {
 		t.Fatalf("systems %v", systems)
+	}
+	// The probes went through the exchange too: each came back.
+	if hashed := rep.Results[4]; hashed.Latency == nil || hashed.Latency.Probes == 0 || hashed.Latency.Received != hashed.Latency.Probes {
+		t.Errorf("Klaxon on 2 hashed queues: %+v", hashed)
 	}
 	hawk, klaxon := rep.Results[1], rep.Results[2]
 	if hawk.Redis.Scripts == 0 || klaxon.Redis.Scripts == 0 || klaxon.Notifications == 0 {
@@ -331,11 +343,11 @@ func TestRunEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	results, _ := doc["results"].([]any)
-	if len(results) != 3 || doc["settings"] == nil || doc["host"] == nil || doc["redisMemory"] == nil {
+	if len(results) != 5 || doc["settings"] == nil || doc["host"] == nil || doc["redisMemory"] == nil {
 		t.Fatalf("JSON %s", b)
 	}
 	last, _ := results[2].(map[string]any)
-	for _, field := range []string{"system", "workers", "events", "eventsPerSecond", "ceilingRatio", "perEvent", "redis", "workerPeakRssBytes", "latency"} {
+	for _, field := range []string{"system", "workers", "queues", "events", "eventsPerSecond", "ceilingRatio", "perEvent", "redis", "workerPeakRssBytes", "latency"} {
 		if _, ok := last[field]; !ok {
 			t.Errorf("Klaxon's JSON result lacks %q: %v", field, last)
 		}
@@ -358,7 +370,8 @@ func TestRunEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	for _, q := range []string{rep.Settings.Prefix + ".events", rep.Settings.Prefix + "-k1.deliveries"} {
+	for _, q := range []string{rep.Settings.Prefix + ".events", rep.Settings.Prefix + "-k1.deliveries",
+		rep.Settings.Prefix + ".events.1", rep.Settings.Prefix + "-k1-q2.deliveries"} {
 		ch, err := conn.Channel()
 		if err != nil {
 			t.Fatal(err)
@@ -367,6 +380,13 @@ func TestRunEndToEnd(t *testing.T) {
 			t.Errorf("queue %s left behind", q)
 			_ = ch.Close()
 		}
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDeclarePassive(rep.Settings.Prefix+".events.hash", "x-consistent-hash", true, false, false, false, nil); err == nil {
+		t.Error("exchange left behind")
 	}
 }
 

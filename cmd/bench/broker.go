@@ -79,23 +79,64 @@ func (b *broker) purge(name string) error {
 	return nil
 }
 
-// fill publishes n messages made by body to the queue name, persistent, and
-// returns once every one is confirmed. It publishes 2000 at a time: done
-// counts confirmed messages for the progress bar.
-func (b *broker) fill(ctx context.Context, name string, n int, body func(i int) []byte, done *atomic.Int64) error {
+// fill publishes n messages made by msg, persistent, and returns once
+// every one is confirmed. It publishes 2000 at a time: done counts confirmed
+// messages for the progress bar.
+func (b *broker) fill(ctx context.Context, n int, msg func(i int) queue.Message, done *atomic.Int64) error {
 	const window = 2000
 	msgs := make([]queue.Message, 0, window)
 	for i := 0; i < n; i += window {
 		msgs = msgs[:0]
 		for j := i; j < min(i+window, n); j++ {
-			msgs = append(msgs, queue.Message{RoutingKey: name, ContentType: "application/json", Body: body(j)})
+			msgs = append(msgs, msg(j))
 		}
 		if err := b.Publish(ctx, msgs...); err != nil {
-			return fmt.Errorf("fill %s: %w", name, err)
+			return fmt.Errorf("fill: %w", err)
 		}
 		done.Add(int64(len(msgs)))
 	}
 	return nil
+}
+
+// hashed declares the consistent-hash exchange and the queues bound to it
+// with weight 1, as the workers would (KLAXON_QUEUE_SHARDS).
+func (b *broker) hashed(ctx context.Context, exchange string, queues []string) error {
+	if err := b.DeclareHashExchange(ctx, exchange); err != nil {
+		return err
+	}
+	ch, err := b.conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	defer ch.Close()
+	for _, q := range queues {
+		if err := b.Declare(ctx, q, nil); err != nil {
+			return err
+		}
+		if err := ch.QueueBind(q, "1", exchange, false, nil); err != nil {
+			return fmt.Errorf("bind %s to %s: %w", q, exchange, err)
+		}
+	}
+	return nil
+}
+
+// deleteExchanges deletes exchanges; one that does not exist is no error.
+func (b *broker) deleteExchanges(names ...string) error {
+	var errs []error
+	for _, name := range names {
+		ch, err := b.conn.Channel()
+		if err != nil {
+			return errors.Join(append(errs, fmt.Errorf("open channel: %w", err))...)
+		}
+		if err := ch.ExchangeDelete(name, false, false); err != nil {
+			var aerr *amqp.Error
+			if !errors.As(err, &aerr) || aerr.Code != amqp.NotFound {
+				errs = append(errs, fmt.Errorf("delete exchange %s: %w", name, err))
+			}
+		}
+		_ = ch.Close()
+	}
+	return errors.Join(errs...)
 }
 
 // span is when a consumer got its first delivery and settled its last.
@@ -112,8 +153,14 @@ func (s span) seconds() float64 { return s.last.Sub(s.first).Seconds() }
 // first delivery, before handle.
 func (b *broker) consumeAll(ctx context.Context, name string, n, prefetch int, onFirst func(),
 	handle func(ctx context.Context, ch *amqp.Channel, d *amqp.Delivery, last bool) error) (span, error) {
+	return consumeOn(ctx, b.conn, name, n, prefetch, onFirst, handle)
+}
+
+// consumeOn is consumeAll on the connection conn.
+func consumeOn(ctx context.Context, conn *amqp.Connection, name string, n, prefetch int, onFirst func(),
+	handle func(ctx context.Context, ch *amqp.Channel, d *amqp.Delivery, last bool) error) (span, error) {
 	var s span
-	ch, err := b.conn.Channel()
+	ch, err := conn.Channel()
 	if err != nil {
 		return s, fmt.Errorf("open channel: %w", err)
 	}
@@ -162,9 +209,9 @@ type pacer struct {
 	total int
 }
 
-// run publishes total messages made by body(i), body(i) called at the
-// moment message i is due (so it can stamp it).
-func (p pacer) run(ctx context.Context, b *broker, name string, body func(i int) []byte, sent *atomic.Int64) error {
+// run publishes total messages made by msg(i), called at the moment message
+// i is due (so it can stamp it).
+func (p pacer) run(ctx context.Context, b *broker, msg func(i int) queue.Message, sent *atomic.Int64) error {
 	ch, err := b.conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
@@ -180,8 +227,9 @@ func (p pacer) run(ctx context.Context, b *broker, name string, body func(i int)
 	for i := 0; i < p.total; {
 		due := min(int(time.Since(start).Seconds()*p.rate)+1, p.total)
 		for ; i < due; i++ {
-			err := ch.PublishWithContext(ctx, "", name, false, false, amqp.Publishing{
-				ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: body(i),
+			m := msg(i)
+			err := ch.PublishWithContext(ctx, m.Exchange, m.RoutingKey, false, false, amqp.Publishing{
+				ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: m.Body,
 			})
 			if err != nil {
 				return fmt.Errorf("publish: %w", err)

@@ -5,6 +5,7 @@
 //	go run ./cmd/bench                         # 100,000 events, ceiling, Hawk, Klaxon ×1,2,3
 //	go run ./cmd/bench -events 20000 -workers 1 -json
 //	go run ./cmd/bench -scale                  # 1,000 projects × 10 rules, 100,000 groups
+//	go run ./cmd/bench -queues 1,2,4 -systems ceiling,klaxon -workers 1,2
 //
 // For each system the queue is filled with the same N events first, then
 // consumed:
@@ -20,7 +21,13 @@
 //     while, with latency probes (ONLY_NEW events of new groups, so each
 //     notifies) whose publish→webhook time gives p50/p95/p99.
 //
-// It needs Redis and RabbitMQ (single node), and Go to build the worker
+// With -queues N above 1 the events go through the consistent-hash exchange
+// into N hashed queues, keyed by groupHash (KLAXON_QUEUE_SHARDS=N): the
+// bare consumer reads the N queues at once, one connection each, and the
+// workers consume all of them. Hawk-style runs with one queue only.
+//
+// It needs Redis and RabbitMQ (single node; with -queues above 1, the
+// rabbitmq_consistent_hash_exchange plugin), and Go to build the worker
 // unless -worker names a binary. Every queue and Redis key it creates has
 // a prefix unique to the run and is deleted at the end. The machine should
 // be otherwise idle: the table shows the load average at start and end.
@@ -42,6 +49,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -61,6 +69,7 @@ type options struct {
 	newFraction                     float64 // of the groups whose first event is new
 	seed                            int64
 	workers                         []int
+	queues                          []int    // incoming queue counts; 1 is the plain queue
 	systems                         []string // of ceiling, hawk, klaxon, in that order
 	amqpURL, redisURL               string
 	workerBin                       string
@@ -84,7 +93,7 @@ type options struct {
 func defaultOptions() options {
 	return options{
 		events: 100_000, projects: 100, rules: 4, groups: 1000, threshold: 100, newFraction: 1, seed: 1,
-		workers: []int{1, 2, 3}, systems: []string{"ceiling", "hawk", "klaxon"},
+		workers: []int{1, 2, 3}, queues: []int{1}, systems: []string{"ceiling", "hawk", "klaxon"},
 		amqpURL: "amqp://guest:guest@127.0.0.1:5672/", redisURL: "redis://127.0.0.1:6379/0",
 		latency: 5 * time.Second, probeRate: 200, progress: "auto", pprofSeconds: 5, memory: true,
 	}
@@ -102,6 +111,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.Int64Var(&o.seed, "seed", o.seed, "seed of the generated workload")
 	fs.Float64Var(&o.newFraction, "new", o.newFraction, "fraction of the groups that are new (their first event has isNew); the others existed before")
 	workers := fs.String("workers", "1,2,3", "Klaxon worker process counts to measure, comma-separated")
+	queues := fs.String("queues", "1", "incoming queue counts to measure, comma-separated: 1 is one plain queue; N above 1 spreads the events by groupHash over N hashed queues (KLAXON_QUEUE_SHARDS=N)")
 	systems := fs.String("systems", "ceiling,hawk,klaxon", "what to measure: ceiling, hawk, klaxon")
 	fs.StringVar(&o.amqpURL, "amqp", o.amqpURL, "RabbitMQ URL")
 	fs.StringVar(&o.redisURL, "redis", o.redisURL, "Redis URL (single node)")
@@ -142,6 +152,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var err error
 	if o.workers, err = parseInts(*workers); err != nil {
 		return o, fmt.Errorf("-workers: %w", err)
+	}
+	if o.queues, err = parseInts(*queues); err != nil {
+		return o, fmt.Errorf("-queues: %w", err)
+	}
+	if slices.Max(o.queues) > 256 {
+		return o, errors.New("-queues: at most 256, as KLAXON_QUEUE_SHARDS")
 	}
 	o.systems = nil
 	for _, s := range []string{"ceiling", "hawk", "klaxon"} {
@@ -230,21 +246,29 @@ func main() {
 
 // bench is one run's shared state.
 type bench struct {
-	o        options
-	prefix   string // of every queue and key of the run
-	queue    string // the events queue
-	dir      string
-	rulesYML string
-	work     *workload
-	bodies   [][]byte // round 0 of the workload, as published
-	sink     *sink
-	rdb      *redis.Client
-	br       *broker
-	prog     *progress
-	http     *http.Client
-	redisPID int
-	beamPID  int
-	queues   []string // to delete at the end
+	o      options
+	prefix string // of every queue and key of the run
+	queue  string // the plain events queue, KLAXON_QUEUE
+	// The incoming queues of the layout being measured: the plain queue,
+	// or the hashed queues behind exchange.
+	incoming  []string
+	exchange  string
+	dir       string
+	rulesYML  string
+	work      *workload
+	bodies    [][]byte // round 0 of the workload, as published
+	sink      *sink
+	rdb       *redis.Client
+	br        *broker
+	prog      *progress
+	http      *http.Client
+	redisPID  int
+	beamPID   int
+	queues    []string // to delete at the end
+	exchanges []string
+	// Whether the Redis memory and the profile, taken on the first Klaxon
+	// run only, are done.
+	memoryDone, profileDone bool
 }
 
 // run measures every system o asks for and returns the report.
@@ -256,7 +280,7 @@ func run(ctx context.Context, o options, stderr io.Writer) (rep *Report, err err
 	rep = &Report{
 		Started: time.Now().UTC(),
 		Settings: Settings{Events: o.events, Projects: o.projects, Rules: o.rules, Groups: o.groups,
-			Threshold: o.threshold, NewGroups: o.newFraction, Seed: o.seed, Workers: o.workers, Latency: o.latency.String(), Prefix: b.prefix},
+			Threshold: o.threshold, NewGroups: o.newFraction, Seed: o.seed, Workers: o.workers, Queues: o.queues, Latency: o.latency.String(), Prefix: b.prefix},
 		Host: Host{Cores: runtime.NumCPU(), LoadStart: loadAverage(), Go: runtime.Version()},
 	}
 
@@ -321,51 +345,59 @@ func run(ctx context.Context, o options, stderr io.Writer) (rep *Report, err err
 		b.bodies[i] = b.work.body(0, i)
 	}
 
-	var ceiling float64
-	for _, system := range o.systems {
-		switch system {
-		case "ceiling":
-			res, err := b.runCeiling(ctx)
-			if err != nil {
-				return nil, fmt.Errorf("bare consumer: %w", err)
-			}
-			ceiling = res.EventsPerSec
-			rep.Results = append(rep.Results, res)
-		case "hawk":
-			res, err := b.runHawk(ctx)
-			if err != nil {
-				return nil, fmt.Errorf("Hawk-style baseline: %w", err)
-			}
-			rep.Results = append(rep.Results, res)
-		case "klaxon":
-			if b.o.workerBin == "" {
-				b.prog.note("building ./cmd/worker")
-				if b.o.workerBin, err = buildWorker(ctx, b.dir); err != nil {
-					return nil, err
-				}
-			}
-			if o.beforeBin != "" {
-				res, _, err := b.runKlaxon(ctx, o.beforeBin, "before", o.workers[0], false)
+	ceilings := map[int]float64{} // by queue count
+	for _, nq := range o.queues {
+		if err := b.layout(ctx, nq); err != nil {
+			return nil, err
+		}
+		for _, system := range o.systems {
+			switch system {
+			case "ceiling":
+				res, err := b.runCeiling(ctx)
 				if err != nil {
-					return nil, fmt.Errorf("Klaxon (-before) with %d worker%s: %w", o.workers[0], plural(o.workers[0]), err)
+					return nil, fmt.Errorf("bare consumer: %w", err)
+				}
+				ceilings[nq] = res.EventsPerSec
+				rep.Results = append(rep.Results, res)
+			case "hawk":
+				if nq > 1 {
+					continue // Hawk's notifier reads one queue
+				}
+				res, err := b.runHawk(ctx)
+				if err != nil {
+					return nil, fmt.Errorf("Hawk-style baseline: %w", err)
 				}
 				rep.Results = append(rep.Results, res)
-			}
-			for i, k := range o.workers {
-				res, mem, err := b.runKlaxon(ctx, b.o.workerBin, "", k, i == 0)
-				if err != nil {
-					return nil, fmt.Errorf("Klaxon with %d worker%s: %w", k, plural(k), err)
+			case "klaxon":
+				if b.o.workerBin == "" {
+					b.prog.note("building ./cmd/worker")
+					if b.o.workerBin, err = buildWorker(ctx, b.dir); err != nil {
+						return nil, err
+					}
 				}
-				rep.Results = append(rep.Results, res)
-				if mem != nil {
-					rep.Memory = mem
+				if o.beforeBin != "" {
+					res, _, err := b.runKlaxon(ctx, o.beforeBin, "before", o.workers[0])
+					if err != nil {
+						return nil, fmt.Errorf("Klaxon (-before) with %d worker%s: %w", o.workers[0], plural(o.workers[0]), err)
+					}
+					rep.Results = append(rep.Results, res)
+				}
+				for _, k := range o.workers {
+					res, mem, err := b.runKlaxon(ctx, b.o.workerBin, "", k)
+					if err != nil {
+						return nil, fmt.Errorf("Klaxon with %d worker%s, %d queue%s: %w", k, plural(k), nq, plural(nq), err)
+					}
+					rep.Results = append(rep.Results, res)
+					if mem != nil {
+						rep.Memory = mem
+					}
 				}
 			}
 		}
 	}
 	for i := range rep.Results {
-		if ceiling > 0 {
-			rep.Results[i].CeilingRatio = rep.Results[i].EventsPerSec / ceiling
+		if c := ceilings[rep.Results[i].Queues]; c > 0 {
+			rep.Results[i].CeilingRatio = rep.Results[i].EventsPerSec / c
 		}
 	}
 	rep.Host.LoadEnd = loadAverage()
@@ -405,15 +437,64 @@ func (b *bench) cleanup() {
 	if err := b.br.Delete(ctx, b.queues...); err != nil {
 		b.prog.note("cleanup: %v", err)
 	}
+	if err := b.br.deleteExchanges(b.exchanges...); err != nil {
+		b.prog.note("cleanup: %v", err)
+	}
 }
 
-// fill empties the events queue and publishes round 0 of the workload.
+// layout sets the incoming queues up for a run with nq of them: the plain
+// queue for 1, else nq hashed queues behind the exchange.
+func (b *bench) layout(ctx context.Context, nq int) error {
+	if nq == 1 {
+		b.incoming, b.exchange = []string{b.queue}, ""
+		return nil
+	}
+	b.exchange = wire.HashExchange(b.queue)
+	b.incoming = nil
+	for i := range nq {
+		b.incoming = append(b.incoming, wire.HashedQueue(b.queue, i))
+	}
+	b.queues = append(b.queues, b.incoming...)
+	if !slices.Contains(b.exchanges, b.exchange) {
+		b.exchanges = append(b.exchanges, b.exchange)
+	}
+	if err := b.br.hashed(ctx, b.exchange, b.incoming); err != nil {
+		return fmt.Errorf("-queues %d: %w", nq, err)
+	}
+	return nil
+}
+
+// message is event body routed as the layout wants: to the plain queue, or
+// to the exchange keyed by its groupHash.
+func (b *bench) message(groupHash string, body []byte) queue.Message {
+	if b.exchange == "" {
+		return queue.Message{RoutingKey: b.queue, ContentType: "application/json", Body: body}
+	}
+	return queue.Message{Exchange: b.exchange, RoutingKey: groupHash, ContentType: "application/json", Body: body}
+}
+
+// fill empties the incoming queues and publishes round 0 of the workload.
 func (b *bench) fill(ctx context.Context, label string) error {
-	if err := b.br.purge(b.queue); err != nil {
-		return err
+	for _, q := range b.incoming {
+		if err := b.br.purge(q); err != nil {
+			return err
+		}
 	}
 	done := b.prog.phase("fill for "+label, int64(b.o.events))
-	return b.br.fill(ctx, b.queue, b.o.events, func(i int) []byte { return b.bodies[i] }, done)
+	return b.br.fill(ctx, b.o.events, func(i int) queue.Message { return b.message(b.work.groupHash(i), b.bodies[i]) }, done)
+}
+
+// readyAll is how many messages the incoming queues hold ready.
+func (b *bench) readyAll() (int, error) {
+	total := 0
+	for _, q := range b.incoming {
+		n, err := b.br.ready(q)
+		if err != nil {
+			return 0, err
+		}
+		total += n
+	}
+	return total, nil
 }
 
 // meter samples CPU of the consumer, Redis and the broker, and Redis' INFO.
@@ -455,41 +536,92 @@ func (m *meter) finish(ctx context.Context, res *Result, events int) error {
 	return nil
 }
 
-// runCeiling consumes the queue acking only: prefetch 1000, a multiple-ack
-// every 100 deliveries.
+// runCeiling consumes the incoming queues acking only: prefetch 1000, a
+// multiple-ack every 100 deliveries; several queues at once, a connection
+// each, as the workers do.
 func (b *bench) runCeiling(ctx context.Context) (Result, error) {
-	res := Result{System: "ceiling", Events: b.o.events, Consumed: b.o.events}
-	if err := b.fill(ctx, "bare consumer"); err != nil {
+	res := Result{System: "ceiling", Queues: len(b.incoming), Events: b.o.events, Consumed: b.o.events}
+	if err := b.fill(ctx, "bare consumer"+b.queuesLabel()); err != nil {
 		return res, err
+	}
+	counts := make([]int, len(b.incoming))
+	for i, q := range b.incoming {
+		n, err := b.br.ready(q)
+		if err != nil {
+			return res, err
+		}
+		counts[i] = n
+	}
+	conns := make([]*amqp.Connection, len(b.incoming))
+	for i := range conns {
+		conn, err := amqp.DialConfig(b.o.amqpURL, amqp.Config{Properties: amqp.Table{"connection_name": "klaxon-bench-ceiling"}})
+		if err != nil {
+			return res, fmt.Errorf("connect to RabbitMQ: %w", err)
+		}
+		defer conn.Close()
+		conns[i] = conn
 	}
 	m := b.meter(os.Getpid())
 	if err := m.begin(ctx); err != nil {
 		return res, err
 	}
-	done := b.prog.phase("bare consumer", int64(b.o.events))
-	n := 0
-	sp, err := b.br.consumeAll(ctx, b.queue, b.o.events, 1000, nil, func(_ context.Context, ch *amqp.Channel, d *amqp.Delivery, last bool) error {
-		n++
-		done.Store(int64(n))
-		if n%100 == 0 || last {
-			return ch.Ack(d.DeliveryTag, true)
+	done := b.prog.phase("bare consumer"+b.queuesLabel(), int64(b.o.events))
+	spans := make([]span, len(b.incoming))
+	errs := make([]error, len(b.incoming))
+	var wg sync.WaitGroup
+	for i, q := range b.incoming {
+		if counts[i] == 0 {
+			continue
 		}
-		return nil
-	})
-	if err != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n := 0
+			spans[i], errs[i] = consumeOn(ctx, conns[i], q, counts[i], 1000, nil, func(_ context.Context, ch *amqp.Channel, d *amqp.Delivery, last bool) error {
+				n++
+				done.Add(1)
+				if n%100 == 0 || last {
+					return ch.Ack(d.DeliveryTag, true)
+				}
+				return nil
+			})
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
 		return res, err
 	}
 	if err := m.finish(ctx, &res, res.Events); err != nil {
 		return res, err
 	}
-	res.Seconds = sp.seconds()
+	var all span
+	for i, sp := range spans {
+		if counts[i] == 0 {
+			continue
+		}
+		if all.first.IsZero() || sp.first.Before(all.first) {
+			all.first = sp.first
+		}
+		if sp.last.After(all.last) {
+			all.last = sp.last
+		}
+	}
+	res.Seconds = all.seconds()
 	res.EventsPerSec = float64(res.Events) / res.Seconds
 	return res, nil
 }
 
+// queuesLabel names the layout in progress lines: "" for one queue.
+func (b *bench) queuesLabel() string {
+	if len(b.incoming) == 1 {
+		return ""
+	}
+	return fmt.Sprintf(", %d queues", len(b.incoming))
+}
+
 // runHawk consumes the queue the way Hawk's notifier does (see hawkBaseline).
 func (b *bench) runHawk(ctx context.Context) (Result, error) {
-	res := Result{System: "hawk", Events: b.o.events, Consumed: b.o.events}
+	res := Result{System: "hawk", Queues: 1, Events: b.o.events, Consumed: b.o.events}
 	h, err := newHawkBaseline(ctx, b.rdb, b.rulesYML, b.prefix+":hawk", b.prefix+".hawk-out")
 	if err != nil {
 		return res, err
@@ -524,11 +656,15 @@ func (b *bench) runHawk(ctx context.Context) (Result, error) {
 // runKlaxon measures k worker processes: throughput on a full queue, then
 // latency at half that rate. With memory it also measures Redis' memory
 // for the run's keys.
-func (b *bench) runKlaxon(ctx context.Context, bin, variant string, k int, first bool) (Result, *Memory, error) {
-	res := Result{System: "klaxon", Variant: variant, Workers: k, Consumed: b.o.events}
+func (b *bench) runKlaxon(ctx context.Context, bin, variant string, k int) (Result, *Memory, error) {
+	nq := len(b.incoming)
+	res := Result{System: "klaxon", Variant: variant, Workers: k, Queues: nq, Consumed: b.o.events}
 	kprefix := fmt.Sprintf("%s-k%d", b.prefix, k)
 	if variant != "" {
 		kprefix = fmt.Sprintf("%s-%s%d", b.prefix, variant, k)
+	}
+	if nq > 1 {
+		kprefix = fmt.Sprintf("%s-q%d", kprefix, nq)
 	}
 	b.queues = append(b.queues, wire.DeliveryQueue(kprefix), wire.FailedQueue(kprefix))
 	for _, d := range wire.RetryDelays() {
@@ -538,10 +674,12 @@ func (b *bench) runKlaxon(ctx context.Context, bin, variant string, k int, first
 	if variant != "" {
 		label += " " + variant
 	}
+	label += b.queuesLabel()
 	if err := b.fill(ctx, label); err != nil {
 		return res, nil, err
 	}
-	measureMemory := first && b.o.memory
+	measureMemory := !b.memoryDone && b.o.memory
+	b.memoryDone = true
 	var memBefore redisInfo
 	if measureMemory {
 		var err error
@@ -561,10 +699,14 @@ func (b *bench) runKlaxon(ctx context.Context, bin, variant string, k int, first
 		// when the operator allows it.
 		"KLAXON_ALLOW_PRIVATE_NETWORKS": "127.0.0.0/8,::1/128",
 	}
+	if nq > 1 {
+		env["KLAXON_QUEUE_SHARDS"] = strconv.Itoa(nq)
+	}
 	for key, v := range b.o.workerEnv {
 		env[key] = v
 	}
-	profile := first && b.o.pprofFile != ""
+	profile := !b.profileDone && b.o.pprofFile != ""
+	b.profileDone = true
 	b.prog.note("starting %d worker%s", k, plural(k))
 	var ws []*worker
 	defer func() {
@@ -636,8 +778,11 @@ func (b *bench) runKlaxon(ctx context.Context, bin, variant string, k int, first
 			return res, nil, err
 		}
 	}
-	// Let the notifications of the run arrive before counting them.
+	// Let the notifications of the run arrive before counting them: the
+	// delivery queue empty, then the sink quiet (jobs taken but not yet
+	// sent are not in the queue's ready count).
 	b.waitEmpty(ctx, wire.DeliveryQueue(kprefix), 10*time.Second)
+	b.waitQuiet(ctx, time.Second, 10*time.Second)
 	res.Notifications = b.sink.received.Load() - notified
 
 	if b.o.latency > 0 {
@@ -681,7 +826,7 @@ func (b *bench) waitConsumed(ctx context.Context, ws []*worker, done *atomic.Int
 		return nil
 	}
 	for {
-		depth, err := b.br.ready(b.queue)
+		depth, err := b.readyAll()
 		if err != nil {
 			return nil, err
 		}
@@ -728,6 +873,21 @@ func (b *bench) waitEmpty(ctx context.Context, queue string, timeout time.Durati
 	}
 }
 
+// waitQuiet waits, up to timeout, until the sink has received nothing new
+// for quiet.
+func (b *bench) waitQuiet(ctx context.Context, quiet, timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	last, since := b.sink.received.Load(), time.Now()
+	for time.Now().Before(deadline) && time.Since(since) < quiet {
+		if sleep(ctx, 20*time.Millisecond) != nil {
+			return
+		}
+		if n := b.sink.received.Load(); n != last {
+			last, since = n, time.Now()
+		}
+	}
+}
+
 // measureLatency publishes the workload at rate for the latency duration,
 // every so often a probe, and times each probe from publish to webhook.
 func (b *bench) measureLatency(ctx context.Context, kprefix string, round int, rate float64) (*Latency, error) {
@@ -738,12 +898,12 @@ func (b *bench) measureLatency(ctx context.Context, kprefix string, round int, r
 	b.sink.expect(kprefix, probes)
 	sent := b.prog.phase(fmt.Sprintf("latency at %s/s", thousands(rate)), int64(total))
 	p := pacer{rate: rate, total: total}
-	err := p.run(ctx, b.br, b.queue, func(i int) []byte {
+	err := p.run(ctx, b.br, func(i int) queue.Message {
 		if i%every == 0 {
 			b.sink.stamp(i / every)
-			return b.work.probeBody(kprefix, i/every)
+			return b.message(probeGroup(kprefix, i/every), b.work.probeBody(kprefix, i/every))
 		}
-		return b.work.body(round, i)
+		return b.message(b.work.groupHash(i), b.work.body(round, i))
 	}, sent)
 	if err != nil {
 		return nil, err

@@ -39,6 +39,7 @@ type Settings struct {
 	NewGroups float64 `json:"newGroupFraction"`
 	Seed      int64   `json:"seed"`
 	Workers   []int   `json:"workers"`
+	Queues    []int   `json:"queues"`
 	Latency   string  `json:"latencyDuration"`
 	Prefix    string  `json:"prefix"`
 }
@@ -61,6 +62,8 @@ type Result struct {
 	// Variant is "before" for the -before binary's result.
 	Variant string `json:"variant,omitempty"`
 	Workers int    `json:"workers,omitempty"`
+	// Queues is how many incoming queues the events were spread over.
+	Queues int `json:"queues"`
 	// Events is how many events the rate is measured on (for Klaxon, those
 	// consumed once every worker was up); Consumed is all of them.
 	Events       int     `json:"events"`
@@ -140,6 +143,13 @@ func (l *Latency) summarize(lat []time.Duration) {
 
 // name is how the table names a result.
 func (r Result) name() string {
+	if r.Queues > 1 {
+		return fmt.Sprintf("%s, %d queues", r.baseName(), r.Queues)
+	}
+	return r.baseName()
+}
+
+func (r Result) baseName() string {
 	switch r.System {
 	case "ceiling":
 		return "bare consumer (ack only)"

@@ -15,7 +15,7 @@ import (
 type sink struct {
 	srv      *http.Server
 	url      string
-	received atomic.Int64 // every notification
+	received atomic.Int64 // every notification: a grouped message counts each firing it carries
 
 	mu       sync.Mutex
 	run      string      // the probes being timed
@@ -61,13 +61,20 @@ func (s *sink) latencies() []time.Duration {
 func (s *sink) serve(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
-	s.received.Add(1)
 	var n struct {
-		Event struct {
+		Type          string            `json:"type"`
+		Notifications []json.RawMessage `json:"notifications"`
+		Event         struct {
 			RepetitionID *string `json:"repetitionId"`
 		} `json:"event"`
 	}
-	if json.Unmarshal(body, &n) == nil && n.Event.RepetitionID != nil {
+	err := json.Unmarshal(body, &n)
+	if err == nil && n.Type == "grouped" {
+		s.received.Add(int64(len(n.Notifications)))
+	} else {
+		s.received.Add(1)
+	}
+	if err == nil && n.Event.RepetitionID != nil {
 		if run, i, ok := parseProbeID(*n.Event.RepetitionID); ok {
 			s.mu.Lock()
 			if run == s.run && i < len(s.sent) && !s.sent[i].IsZero() && !s.seen[i] {

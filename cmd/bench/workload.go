@@ -98,6 +98,9 @@ func (w *workload) body(round, i int) []byte {
 	return marshal(m)
 }
 
+// groupHash is the groupHash of event i of the queue.
+func (w *workload) groupHash(i int) string { return w.hashes[w.order[i%len(w.order)]] }
+
 // marshal encodes a message as Hawk (Node.js) does: without escaping <, >
 // and & as encoding/json would.
 func marshal(m hawkMessage) []byte {
@@ -114,10 +117,13 @@ func marshal(m hawkMessage) []byte {
 func (w *workload) probeBody(run string, n int) []byte {
 	rep := probeID(run, n)
 	m := hawkMessage{ProjectID: w.probe, Event: hawkEvent{
-		Title: "Error: latency probe", GroupHash: hexHash(0, run, n), IsNew: true, RepetitionID: &rep,
+		Title: "Error: latency probe", GroupHash: probeGroup(run, n), IsNew: true, RepetitionID: &rep,
 	}}
 	return marshal(m)
 }
+
+// probeGroup is latency probe n's groupHash: a new group every probe.
+func probeGroup(run string, n int) string { return hexHash(0, run, n) }
 
 func probeID(run string, n int) string { return fmt.Sprintf("probe-%s-%d", run, n) }
 

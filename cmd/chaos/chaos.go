@@ -460,8 +460,7 @@ func compare(res *Result, p *plan, reqs []request, f *fleet) {
 	}
 	byID := map[string][]request{}
 	for _, r := range reqs {
-		byID[r.Key] = append(byID[r.Key], r)
-		var body struct {
+		type firing struct {
 			ID        string    `json:"id"`
 			ProjectID string    `json:"projectId"`
 			RuleID    string    `json:"ruleId"`
@@ -470,13 +469,28 @@ func compare(res *Result, p *plan, reqs []request, f *fleet) {
 				GroupHash string `json:"groupHash"`
 			} `json:"event"`
 		}
+		var body struct {
+			firing
+			Type string `json:"type"`
+			// A grouped message (docs/contract.md §5.8) carries the
+			// firings of several rules for one event: each counts as
+			// delivered by it.
+			Notifications []firing `json:"notifications"`
+		}
 		if err := json.Unmarshal(r.Body, &body); err != nil || body.ID != r.Key || r.Method != "POST" || r.Path != "/hook" {
 			res.Bad++
 			continue
 		}
-		if want, ok := p.Expected[r.Key]; ok && (body.ProjectID != want.ProjectID || body.RuleID != want.RuleID ||
-			body.Event.GroupHash != want.GroupHash || !body.FiredAt.Equal(want.At)) {
-			res.Bad++
+		firings := []firing{body.firing}
+		if body.Type == "grouped" {
+			firings = body.Notifications
+		}
+		for _, f := range firings {
+			byID[f.ID] = append(byID[f.ID], r)
+			if want, ok := p.Expected[f.ID]; ok && (f.ProjectID != want.ProjectID || f.RuleID != want.RuleID ||
+				f.Event.GroupHash != want.GroupHash || !f.FiredAt.Equal(want.At)) {
+				res.Bad++
+			}
 		}
 	}
 	for id := range p.Expected {

@@ -225,3 +225,32 @@ func TestTamperedReceiptsFail(t *testing.T) {
 		}
 	}
 }
+
+// A grouped message delivers each firing it lists; a firing also sent
+// alone is a repeat.
+func TestGroupedMessageDeliversEachFiring(t *testing.T) {
+	p := onePlan(3)
+	ids := p.ids()
+	var listed []map[string]any
+	for _, id := range ids[:2] {
+		f := p.Expected[id]
+		listed = append(listed, map[string]any{"id": id, "projectId": f.ProjectID, "ruleId": f.RuleID,
+			"firedAt": f.At, "event": map[string]string{"groupHash": f.GroupHash}})
+	}
+	body, err := json.Marshal(map[string]any{"id": "group-1", "type": "grouped", "notifications": listed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	close(done)
+	group := request{Key: "group-1", Body: body, At: t0, Method: http.MethodPost, Path: "/hook",
+		from: &lookup{done: done, sender: "w1#1", accepted: t0.Add(-time.Millisecond)}}
+	reqs := []request{group, sent(t, p, ids[2], "w1#1", t0)}
+	if res := check(p, reqs, killed(map[string]time.Time{"w1#1": {}})); !res.OK() || res.Missed != 0 {
+		t.Fatalf("a grouped message and a single one fail: %+v", res)
+	}
+	reqs = append(reqs, sent(t, p, ids[0], "w1#1", t0.Add(time.Second)))
+	if res := check(p, reqs, killed(map[string]time.Time{"w1#1": {}})); res.OK() || res.Repeats != 1 {
+		t.Fatalf("a firing sent in a group and alone passes: %+v", res)
+	}
+}

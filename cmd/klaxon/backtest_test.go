@@ -17,6 +17,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/evaluator"
 	"github.com/klaxonhq/klaxon/internal/metrics"
+	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/store"
 	"github.com/klaxonhq/klaxon/internal/testenv"
@@ -198,23 +199,33 @@ func (c *capture) firings(t *testing.T) []firing {
 		if err := json.Unmarshal(m.Body, &job); err != nil {
 			t.Fatal(err)
 		}
-		n := job.Notification
-		if seen[n.ID] {
-			continue
-		}
-		seen[n.ID] = true
-		f := firing{ID: n.ID, Time: n.FiredAt, Type: n.Type, ProjectID: n.ProjectID, RuleID: n.RuleID,
-			GroupHash: n.Event.GroupHash, Window: -1, Count: n.Count}
-		if n.Type == "threshold" {
-			f.Threshold, f.Period = n.Threshold, n.Period
-			for i, w := range n.Windows {
-				if w.Threshold == n.Threshold && w.Period == n.Period && w.Count == n.Count {
-					f.Window = i
-					break
-				}
+		// A job carries one firing, or an event's firings for one
+		// destination.
+		ns := []*notify.Notification{job.Notification}
+		if job.Notification == nil {
+			ns = ns[:0]
+			for _, f := range job.Firings {
+				ns = append(ns, f.Notification)
 			}
 		}
-		out = append(out, f)
+		for _, n := range ns {
+			if seen[n.ID] {
+				continue
+			}
+			seen[n.ID] = true
+			f := firing{ID: n.ID, Time: n.FiredAt, Type: n.Type, ProjectID: n.ProjectID, RuleID: n.RuleID,
+				GroupHash: n.Event.GroupHash, Window: -1, Count: n.Count}
+			if n.Type == "threshold" {
+				f.Threshold, f.Period = n.Threshold, n.Period
+				for i, w := range n.Windows {
+					if w.Threshold == n.Threshold && w.Period == n.Period && w.Count == n.Count {
+						f.Window = i
+						break
+					}
+				}
+			}
+			out = append(out, f)
+		}
 	}
 	return out
 }

@@ -47,6 +47,27 @@ func startBinary(t *testing.T, env ...string) (*exec.Cmd, <-chan error, *bytes.B
 	return cmd, exited, stderr
 }
 
+// startBinary builds and starts the worker with the harness' settings and
+// extra ones ("KEY=value"), and waits until it is ready.
+func (h *harness) startBinary(extra ...string) (*worker, *exec.Cmd, <-chan error, *bytes.Buffer) {
+	h.t.Helper()
+	addr := freeAddr(h.t)
+	env := []string{"KLAXON_HTTP_ADDR=" + addr}
+	for k, v := range h.env {
+		env = append(env, k+"="+v)
+	}
+	cmd, exited, stderr := startBinary(h.t, append(env, extra...)...)
+	waitFor(h.t, 60*time.Second, "the binary ready", func() bool {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	return &worker{Addr: addr}, cmd, exited, stderr
+}
+
 // stopBinary sends SIGTERM and requires an exit 0 within 10 s.
 func stopBinary(t *testing.T, cmd *exec.Cmd, exited <-chan error, stderr *bytes.Buffer) {
 	t.Helper()
@@ -72,20 +93,7 @@ func stopBinary(t *testing.T, cmd *exec.Cmd, exited <-chan error, stderr *bytes.
 func TestBinaryStopsOnSIGTERM(t *testing.T) {
 	h := newHarness(t)
 	project := h.project(rule(bson.M{"whatToReceive": "ONLY_NEW", "channels": h.webhookOnly()}))
-	addr := freeAddr(t)
-	env := []string{"KLAXON_HTTP_ADDR=" + addr}
-	for k, v := range h.env {
-		env = append(env, k+"="+v)
-	}
-	cmd, exited, stderr := startBinary(t, env...)
-	waitFor(t, 30*time.Second, "the binary ready", func() bool {
-		resp, err := http.Get("http://" + addr + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
+	_, cmd, exited, stderr := h.startBinary()
 	h.publish(event(project, "before stop", "g1", true))
 	h.webhookBodies(1)
 

@@ -526,6 +526,13 @@ func getAll(t testing.TB, amqpURL, queue string) []amqp.Delivery {
 // publishErr publishes msgs to queue and waits for the broker's confirms,
 // returning an error instead of failing the test, for goroutines.
 func publishErr(amqpURL, queue string, msgs []message) error {
+	return publishVia(amqpURL, "", queue, msgs)
+}
+
+// publishVia publishes msgs and waits for the broker's confirms: with
+// exchange "", to queue (declared if missing); otherwise to the exchange,
+// each with its Key as routing key.
+func publishVia(amqpURL, exchange, queue string, msgs []message) error {
 	conn, err := amqp.Dial(amqpURL)
 	if err != nil {
 		return fmt.Errorf("dial: %w", err)
@@ -538,13 +545,19 @@ func publishErr(amqpURL, queue string, msgs []message) error {
 	if err := ch.Confirm(false); err != nil {
 		return fmt.Errorf("confirm mode: %w", err)
 	}
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("declare %s: %w", queue, err)
+	if exchange == "" {
+		if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("declare %s: %w", queue, err)
+		}
 	}
 	ctx := context.Background()
 	var confirms []*amqp.DeferredConfirmation
 	for _, m := range msgs {
-		c, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false, amqp.Publishing{
+		key := queue
+		if exchange != "" {
+			key = m.Key
+		}
+		c, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, false, false, amqp.Publishing{
 			MessageId: m.ID, ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: []byte(m.Body),
 		})
 		if err != nil {

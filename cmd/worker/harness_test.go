@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
@@ -117,6 +116,26 @@ type worker struct {
 // waits until it is ready.
 func (h *harness) start() *worker {
 	h.t.Helper()
+	w := h.startUnready()
+	waitFor(h.t, 30*time.Second, "worker ready", func() bool { return answers(w.Addr, "/readyz") == http.StatusOK })
+	return w
+}
+
+// answers GETs path from the worker at addr and returns the status, 0 when
+// nothing answers.
+func answers(addr, path string) int {
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// startUnready runs a worker with the harness' settings until the test
+// ends, and waits until it serves /healthz, not until it is ready.
+func (h *harness) startUnready() *worker {
+	h.t.Helper()
 	env := map[string]string{"KLAXON_HTTP_ADDR": freeAddr(h.t)}
 	for k, v := range h.env {
 		env[k] = v
@@ -140,14 +159,7 @@ func (h *harness) start() *worker {
 			h.t.Error("worker did not stop within 10 s")
 		}
 	})
-	waitFor(h.t, 30*time.Second, "worker ready", func() bool {
-		resp, err := http.Get("http://" + cfg.HTTPAddr + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
+	waitFor(h.t, 30*time.Second, "worker serving /healthz", func() bool { return answers(cfg.HTTPAddr, "/healthz") != 0 })
 	return &worker{Addr: cfg.HTTPAddr}
 }
 
@@ -192,48 +204,29 @@ func rule(fields bson.M) bson.M {
 type message struct {
 	ID   string // AMQP message-id; "" for none
 	Body string
+	Key  string // routing key through a hash exchange (publishVia): the groupHash
 }
 
+// event is a Hawk event; extra members are added to "event", and one that
+// sets repetitionId replaces the default null (the decoder refuses a
+// member named twice, as a poison message).
 func event(project, title, group string, isNew bool, extra ...string) message {
-	ev := fmt.Sprintf(`"title":%q,"groupHash":%q,"isNew":%t,"repetitionId":null`, title, group, isNew)
+	ev := fmt.Sprintf(`"title":%q,"groupHash":%q,"isNew":%t`, title, group, isNew)
+	repetition := false
 	for _, e := range extra {
 		ev += "," + e
+		repetition = repetition || strings.HasPrefix(e, `"repetitionId":`)
 	}
-	return message{Body: fmt.Sprintf(`{"projectId":%q,"event":{%s}}`, project, ev)}
+	if !repetition {
+		ev += `,"repetitionId":null`
+	}
+	return message{Body: fmt.Sprintf(`{"projectId":%q,"event":{%s}}`, project, ev), Key: group}
 }
 
 func (h *harness) publish(msgs ...message) {
 	h.t.Helper()
-	conn, err := amqp.Dial(h.amqpURL)
-	if err != nil {
+	if err := publishErr(h.amqpURL, h.queue, msgs); err != nil {
 		h.t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		h.t.Fatal(err)
-	}
-	if _, err := ch.QueueDeclare(h.queue, true, false, false, false, nil); err != nil {
-		h.t.Fatal(err)
-	}
-	ctx := context.Background()
-	var confirms []*amqp.DeferredConfirmation
-	for _, m := range msgs {
-		c, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", h.queue, false, false, amqp.Publishing{
-			MessageId: m.ID, ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: []byte(m.Body),
-		})
-		if err != nil {
-			h.t.Fatal(err)
-		}
-		confirms = append(confirms, c)
-	}
-	for _, c := range confirms {
-		if ok, err := c.WaitContext(ctx); !ok || err != nil {
-			h.t.Fatalf("publish not confirmed: %v", err)
-		}
 	}
 }
 

@@ -7,6 +7,8 @@
 //	queue.Consumer (KLAXON_QUEUE)
 //	  → evaluator: event.Decode → store.Cache rules → rules.Match → counter.Observe
 //	  → queue.Publisher: dead letters (<queue>.dead) and delivery jobs (<prefix>.deliveries)
+//	  → storm.Tracker: storms of firings that want a "storm over" message,
+//	    swept in Redis and ended with delivery jobs of their own
 //	queue.Consumer (<prefix>.deliveries)
 //	  → deliverer: claim → minPeriod digest → notify channel → record, or retry later
 //
@@ -23,6 +25,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,6 +48,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/store"
+	"github.com/klaxonhq/klaxon/internal/storm"
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
@@ -60,6 +64,13 @@ func main() {
 	// offers no per-client one: set it once, here, so that stderr stays
 	// JSON lines. Tests that call run keep the library's default.
 	redis.SetLogger(redisLogger{log.With("component", "go-redis")})
+	if os.Getenv("GOGC") == "" {
+		// A batch's garbage dies with it, and the live heap is tens of MB:
+		// collecting at 4× it rather than Go's 2× halves the collector's
+		// share of the worker's CPU for a few tens of MB more
+		// (docs/benchmarks.md). GOGC and GOMEMLIMIT still win.
+		debug.SetGCPercent(400)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	context.AfterFunc(ctx, func() {
@@ -113,43 +124,62 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	defer closeRules()
 
 	// Build every component first: none of this waits for a dependency.
-	var consumers []*queue.Consumer
+	var consumers []consumer
 	var work []func(context.Context) error // started once the queues are declared
 	work = append(work, cache.Run)
 
 	if cfg.Role.Evaluates() {
-		eval := &evaluator.Evaluator{
-			Rules: cache,
-			Counter: counter.New(rdb, counter.Options{Prefix: cfg.Prefix, DedupTTL: cfg.DedupTTL,
-				GroupsPerCall: cfg.GroupsPerCall, WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout}),
-			Publisher:     pub,
-			DeadQueue:     wire.DeadQueue(cfg.Queue),
-			DeliveryQueue: wire.DeliveryQueue(cfg.Prefix),
-			EventURL:      cfg.EventURL,
-			Log:           log.With("stage", "evaluator"),
-			Metrics:       m,
-		}
+		engine := counter.New(rdb, counter.Options{Prefix: cfg.Prefix, DedupTTL: cfg.DedupTTL,
+			GroupsPerCall: cfg.GroupsPerCall, WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout})
+		storms := storm.New(storm.Config{Redis: rdb, Prefix: cfg.Prefix, Rings: engine, Rules: cache, Publisher: pub,
+			DeliveryQueue: wire.DeliveryQueue(cfg.Prefix), All: cfg.StormOver, Log: log.With("stage", "storms"), Metrics: m})
+		work = append(work, storms.Run)
+		var groups evaluator.Groups
 		if cfg.EventsMongoURL != "" {
 			// Optional: the driver connects lazily, and every read is
 			// bounded and cached, so an events database that is down at
 			// start or later costs messages their history, nothing more.
-			groups, err := events.NewReader(cfg.EventsMongoURL, cfg.EventsDatabase, events.Options{})
+			reader, err := events.NewReader(cfg.EventsMongoURL, cfg.EventsDatabase, events.Options{})
 			if err != nil {
 				return fmt.Errorf("%s: %w", config.EnvEventsMongoURL, err)
 			}
-			defer groups.Close(context.Background())
-			eval.Groups = groups
+			defer reader.Close(context.Background())
+			groups = reader
 		}
-		c, err := queue.NewConsumer(queue.ConsumerConfig{
-			URL: cfg.AMQPURL, Queue: cfg.Queue, QueueType: queue.Type(cfg.QueueType), ConnectionName: "klaxon-evaluator",
-			Prefetch: cfg.Prefetch, MaxBatch: cfg.BatchSize, Logger: log.With("stage", "evaluator"),
-			Hooks: batchHooks(m, "evaluator"),
-		})
-		if err != nil {
-			return err
+		// One consumer per incoming queue, each on its own connection: a
+		// queue deleted or refused holds up its own consumer only. And one
+		// evaluator per queue, sharing everything but the lock that lets
+		// one batch at a time count: the hashed queues hold disjoint
+		// groups, so their batches count side by side without losing
+		// compare-and-sets to each other.
+		for _, in := range cfg.IncomingQueues() {
+			eval := &evaluator.Evaluator{
+				Rules:         cache,
+				Counter:       engine,
+				Storms:        storms,
+				Publisher:     pub,
+				Groups:        groups,
+				DeadQueue:     wire.DeadQueue(cfg.Queue),
+				DeliveryQueue: wire.DeliveryQueue(cfg.Prefix),
+				EventURL:      cfg.EventURL,
+				Log:           log.With("stage", "evaluator"),
+				Metrics:       m,
+			}
+			name := "klaxon-evaluator"
+			if in.Name != cfg.Queue {
+				name += " " + in.Name
+			}
+			c, err := queue.NewConsumer(queue.ConsumerConfig{
+				URL: cfg.AMQPURL, Queue: in.Name, Exchange: in.Exchange, QueueType: queue.Type(cfg.QueueType), ConnectionName: name,
+				Prefetch: cfg.Prefetch, MaxBatch: cfg.BatchSize, Concurrency: 2, InOrder: true, Logger: log.With("stage", "evaluator"),
+				Hooks: batchHooks(m, "evaluator", in.Name),
+			})
+			if err != nil {
+				return err
+			}
+			consumers = append(consumers, consumer{in.Name, c})
+			work = append(work, func(ctx context.Context) error { return c.Consume(ctx, eval.Handle) })
 		}
-		consumers = append(consumers, c)
-		work = append(work, func(ctx context.Context) error { return c.Consume(ctx, eval.Handle) })
 	}
 
 	// The delivery queues exist whatever the role: evaluators publish to them.
@@ -168,12 +198,12 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		c, err := queue.NewConsumer(queue.ConsumerConfig{
 			URL: cfg.AMQPURL, Queue: dlv.Queue(), QueueType: queue.Type(cfg.QueueType), ConnectionName: "klaxon-deliverer",
 			Prefetch: deliverPrefetch, MaxBatch: deliverBatch, Concurrency: deliverConcurrency,
-			Logger: log.With("stage", "deliverer"), Hooks: batchHooks(m, "deliverer"),
+			Logger: log.With("stage", "deliverer"), Hooks: batchHooks(m, "deliverer", dlv.Queue()),
 		})
 		if err != nil {
 			return err
 		}
-		consumers = append(consumers, c)
+		consumers = append(consumers, consumer{dlv.Queue(), c})
 		work = append(work, func(ctx context.Context) error { return c.Consume(ctx, dlv.Handle) })
 	}
 
@@ -186,10 +216,14 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			return nil
 		},
 		"amqp": func(context.Context) error {
+			var down []string
 			for _, c := range consumers {
 				if !c.Connected() {
-					return errors.New("not consuming")
+					down = append(down, c.queue)
 				}
+			}
+			if len(down) > 0 {
+				return fmt.Errorf("not consuming %s", strings.Join(down, ", "))
 			}
 			return nil
 		},
@@ -220,18 +254,25 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			if err := pub.Declare(ctx, wire.DeadQueue(cfg.Queue), deadBounds.Args()); err != nil {
 				return fmt.Errorf("declare %s: %w", wire.DeadQueue(cfg.Queue), err)
 			}
+			if cfg.QueueShards > 0 {
+				// Here rather than in each consumer's retries: a broker
+				// without the plugin stops the worker with what to enable.
+				if err := pub.DeclareHashExchange(ctx, wire.HashExchange(cfg.Queue)); err != nil {
+					return fmt.Errorf("%s=%d: %w", config.EnvQueueShards, cfg.QueueShards, err)
+				}
+			}
 		}
 		if err := dlv.Declare(ctx, pub); err != nil {
 			return err
 		}
-		log.Info("klaxon running", "role", cfg.Role, "queue", cfg.Queue, "http", ln.Addr().String(), "channels", channelNames(chans))
+		log.Info("klaxon running", "role", cfg.Role, "queues", consumedQueues(cfg), "http", ln.Addr().String(), "channels", channelNames(chans))
 		return runAll(ctx, work)
 	}
 	return runAll(ctx, []func(context.Context) error{
 		func(ctx context.Context) error { return serve(ctx, srv, ln, log) },
 		func(ctx context.Context) error { return watch(ctx, checks, m, log) },
 		func(ctx context.Context) error {
-			return depths(ctx, pub, []string{cfg.Queue, wire.DeliveryQueue(cfg.Prefix)}, m)
+			return depths(ctx, pub, append(consumedQueues(cfg), wire.DeliveryQueue(cfg.Prefix)), m)
 		},
 		start,
 	})
@@ -347,8 +388,28 @@ func channelNames(channels map[string]notify.Channel) []string {
 	return names
 }
 
-func batchHooks(m *metrics.Metrics, stage string) queue.Hooks {
+// consumer is a queue consumer and the queue it reads.
+type consumer struct {
+	queue string
+	*queue.Consumer
+}
+
+// consumedQueues names the incoming queues this worker reads.
+func consumedQueues(cfg config.Config) []string {
+	var names []string
+	for _, in := range cfg.IncomingQueues() {
+		names = append(names, in.Name)
+	}
+	return names
+}
+
+// batchHooks count the batches of a stage, and say whether the queue name
+// is consumed (klaxon_queue_consuming), 0 until it is.
+func batchHooks(m *metrics.Metrics, stage, name string) queue.Hooks {
+	consuming := m.Consuming.WithLabelValues(name)
+	consuming.Set(0)
 	return queue.Hooks{
+		Connection: func(up bool) { consuming.Set(boolFloat(up)) },
 		Batch: func(r queue.BatchResult) {
 			outcome := "ok"
 			if r.Err != nil {

@@ -6,7 +6,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -114,21 +113,7 @@ func TestSentinelMasterKilledMidStream(t *testing.T) {
 	stream := newFailoverStream(h, 40, 20)
 	msgs := stream.messages()
 
-	addr := freeAddr(t)
-	env := []string{"KLAXON_HTTP_ADDR=" + addr}
-	for k, v := range h.env {
-		env = append(env, k+"="+v)
-	}
-	cmd, exited, stderr := startBinary(t, env...)
-	w := &worker{Addr: addr}
-	waitFor(t, 30*time.Second, "the binary ready", func() bool {
-		resp, err := http.Get("http://" + addr + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
+	w, cmd, exited, stderr := h.startBinary()
 
 	half := len(msgs) / 2
 	h.publish(msgs[:half]...)

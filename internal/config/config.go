@@ -19,6 +19,7 @@ import (
 	"net/mail"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -29,6 +30,7 @@ import (
 
 	"github.com/klaxonhq/klaxon/internal/notify/email"
 	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
 // Names of the environment variables Load reads.
@@ -36,6 +38,8 @@ const (
 	EnvAMQPURL        = "KLAXON_AMQP_URL"
 	EnvQueue          = "KLAXON_QUEUE"
 	EnvQueueType      = "KLAXON_QUEUE_TYPE"
+	EnvQueueShards    = "KLAXON_QUEUE_SHARDS"
+	EnvQueues         = "KLAXON_QUEUES"
 	EnvRedisURL       = "KLAXON_REDIS_URL"
 	EnvMongoURL       = "KLAXON_MONGO_URL"
 	EnvEventsMongoURL = "KLAXON_EVENTS_MONGO_URL"
@@ -60,6 +64,7 @@ const (
 	EnvRulesRefresh   = "KLAXON_RULES_REFRESH"
 	EnvSendTimeout    = "KLAXON_SEND_TIMEOUT"
 	EnvPprof          = "KLAXON_PPROF"
+	EnvStormOver      = "KLAXON_STORM_OVER"
 	// Endpoints from rules (internal/netguard).
 	EnvAllowPrivateNetworks = "KLAXON_ALLOW_PRIVATE_NETWORKS"
 	EnvAllowPorts           = "KLAXON_ALLOW_PORTS"
@@ -118,6 +123,7 @@ const (
 	defaultRefresh       = 5 * time.Second
 	defaultSendTimeout   = 10 * time.Second
 	defaultPprof         = false
+	defaultStormOver     = false
 	defaultAllowPorts    = "80,443"
 	defaultSlackHosts    = "hooks.slack.com/services/"
 	defaultTelegramHooks = "notify.bot.codex.so"
@@ -155,6 +161,8 @@ func Variables() []Variable {
 		{EnvAMQPURL, aliasAMQPURL, defaultAMQPURL, true, "RabbitMQ URL (amqp:// or amqps://)"},
 		{EnvQueue, "", defaultQueue, false, "queue of incoming Hawk events, declared durable if missing"},
 		{EnvQueueType, "", defaultQueueType, false, "type of the queues Klaxon creates: classic or quorum; existing queues are used as they are"},
+		{EnvQueueShards, "", "0", false, "hashed incoming queues <KLAXON_QUEUE>.0 … .N-1 that the consistent-hash exchange <KLAXON_QUEUE>.hash spreads events over by groupHash (0-256; 0 = KLAXON_QUEUE alone)"},
+		{EnvQueues, "", "", false, "the incoming queues this worker consumes, comma-separated, among KLAXON_QUEUE and its hashed queues; empty = all of them"},
 		{EnvRedisURL, aliasRedisURL, defaultRedisURL, true, "Redis URL: redis[s]:// single node, redis[s]+sentinel://, redis[s]+cluster://"},
 		{EnvMongoURL, aliasMongoURL, defaultMongoURL, true, "MongoDB URL of the rules store; its path names the database"},
 		{EnvEventsMongoURL, aliasEventsMongoURL, "", true, "MongoDB URL of Hawk's events database, for group history and resolved/ignored marks; unset = not used"},
@@ -177,6 +185,7 @@ func Variables() []Variable {
 		{EnvRulesRefresh, "", formatDuration(defaultRefresh), false, "how often rules are reloaded from MongoDB or the file"},
 		{EnvSendTimeout, "", formatDuration(defaultSendTimeout), false, "time limit of one delivery attempt to a provider"},
 		{EnvPprof, "", strconv.FormatBool(defaultPprof), false, "serve Go's profiler (net/http/pprof) under /debug/pprof/ on KLAXON_HTTP_ADDR"},
+		{EnvStormOver, "", strconv.FormatBool(defaultStormOver), false, "send a \"storm over\" message after every SEEN_MORE rule's storm, unless the rule says stormOver: false"},
 		{EnvWaitReplicas, "", "0", false, "Redis replicas that must acknowledge a batch's writes before its messages are acked (0-16; Sentinel or single node)"},
 		{EnvWaitTimeout, "", formatDuration(defaultWaitTimeout), false, "how long a write waits for KLAXON_REDIS_WAIT_REPLICAS before its batch is held and retried"},
 		{EnvAllowPrivateNetworks, "", "", false, "CIDRs that endpoints from rules may reach besides the public internet, on any port"},
@@ -214,6 +223,8 @@ type Config struct {
 	AMQPURL       string // KLAXON_AMQP_URL
 	Queue         string // KLAXON_QUEUE; dead letters go to Queue + ".dead"
 	QueueType     string // KLAXON_QUEUE_TYPE: "classic" or "quorum"
+	QueueShards   int    // KLAXON_QUEUE_SHARDS: hashed queues wire.HashedQueue(Queue, i); 0 for none
+	Queues        string // KLAXON_QUEUES, canonical comma-separated; "" = all (use IncomingQueues)
 	RedisURL      string // KLAXON_REDIS_URL; use RedisOptions to connect
 	MongoURL      string // KLAXON_MONGO_URL, as given (pass it to the driver)
 	MongoDatabase string // the database named by MongoURL's path, "hawk" when none
@@ -243,6 +254,7 @@ type Config struct {
 	RulesRefresh   time.Duration // KLAXON_RULES_REFRESH, > 0
 	SendTimeout    time.Duration // KLAXON_SEND_TIMEOUT, > 0
 	Pprof          bool          // KLAXON_PPROF: serve /debug/pprof/ on HTTPAddr
+	StormOver      bool          // KLAXON_STORM_OVER: "storm over" messages for rules that do not say
 	// What endpoints from rules may reach, in canonical comma-separated
 	// form (kept as strings so that a Config compares with ==); use
 	// EndpointPolicy, SlackPatterns and TelegramHookPatterns.
@@ -283,6 +295,32 @@ func (c Config) EmailEnabled() bool { return c.SMTPAddr != "" }
 
 // TelegramEnabled reports whether the Telegram channel is configured.
 func (c Config) TelegramEnabled() bool { return c.TelegramToken != "" }
+
+// IncomingQueue is an incoming queue the worker consumes.
+type IncomingQueue struct {
+	Name string
+	// Exchange is the consistent-hash exchange the queue is bound to, ""
+	// for KLAXON_QUEUE itself, which producers reach through the default
+	// exchange (Hawk's routing key `notifier`).
+	Exchange string
+}
+
+// IncomingQueues are the queues this worker consumes (KLAXON_QUEUES):
+// KLAXON_QUEUE and its hashed queues unless it names fewer.
+func (c Config) IncomingQueues() []IncomingQueue {
+	names := incomingQueues(c.Queue, c.QueueShards)
+	if c.Queues != "" {
+		names = strings.Split(c.Queues, ",")
+	}
+	out := make([]IncomingQueue, len(names))
+	for i, n := range names {
+		out[i] = IncomingQueue{Name: n}
+		if n != c.Queue {
+			out[i].Exchange = wire.HashExchange(c.Queue)
+		}
+	}
+	return out
+}
 
 // Role is which stages a process runs.
 type Role string
@@ -415,6 +453,8 @@ func Load(getenv func(string) string) (Config, error) {
 	c.AMQPURL = l.amqpURL()
 	c.Queue = l.queue()
 	c.QueueType = l.queueType()
+	c.QueueShards = l.count(EnvQueueShards, 0, 0, maxQueueShards)
+	c.Queues = l.queues(c.Queue, c.QueueShards)
 	c.RedisURL = l.redisURL()
 	c.MongoURL, c.MongoDatabase = l.mongoURL()
 	c.EventsMongoURL, c.EventsDatabase = l.eventsMongoURL()
@@ -432,6 +472,7 @@ func Load(getenv func(string) string) (Config, error) {
 	c.RulesRefresh = l.duration(EnvRulesRefresh, defaultRefresh)
 	c.SendTimeout = l.duration(EnvSendTimeout, defaultSendTimeout)
 	c.Pprof = l.boolean(EnvPprof, defaultPprof)
+	c.StormOver = l.boolean(EnvStormOver, defaultStormOver)
 	l.endpoints(&c)
 	c.DigestMaxFirings = l.count(EnvDigestMaxFirings, defaultDigestFirings, 1, 10_000)
 	c.DigestMaxBytes = int(l.size(EnvDigestMaxBytes, defaultDigestBytes, 1<<10, 16<<20))
@@ -535,6 +576,59 @@ func (l *loader) queue() string {
 		l.fail(s, fmt.Sprintf("%q contains a control character", s.value))
 	}
 	return s.value
+}
+
+// maxQueueShards bounds KLAXON_QUEUE_SHARDS: each hashed queue a worker
+// consumes is a connection of its own, and docs/scaling.md plans 1M
+// events/s with 48.
+const maxQueueShards = 256
+
+// queues reads KLAXON_QUEUES: names among base and its hashed queues, each
+// once.
+func (l *loader) queues(base string, shards int) string {
+	s := l.lookup(EnvQueues, "", false)
+	if !s.set() {
+		return ""
+	}
+	known := incomingQueues(base, shards)
+	var names []string
+	for name := range strings.SplitSeq(s.value, ",") {
+		name = strings.TrimSpace(name)
+		switch {
+		case name == "":
+			continue
+		case slices.Contains(names, name):
+			l.fail(s, fmt.Sprintf("names %q twice", name))
+			return ""
+		case !slices.Contains(known, name):
+			l.fail(s, fmt.Sprintf("%q is not one of the incoming queues: %s (%s=%q, %s=%d)",
+				name, describeQueues(known), EnvQueue, base, EnvQueueShards, shards))
+			return ""
+		}
+		names = append(names, name)
+	}
+	if len(names) == 0 {
+		l.fail(s, "names no queue")
+	}
+	return strings.Join(names, ",")
+}
+
+// incomingQueues are base and its hashed queues, in that order.
+func incomingQueues(base string, shards int) []string {
+	out := []string{base}
+	for i := range shards {
+		out = append(out, wire.HashedQueue(base, i))
+	}
+	return out
+}
+
+// describeQueues lists queues for an error: the first two, an ellipsis and
+// the last when there are many.
+func describeQueues(qs []string) string {
+	if len(qs) > 4 {
+		return strings.Join(qs[:2], ", ") + " … " + qs[len(qs)-1]
+	}
+	return strings.Join(qs, ", ")
 }
 
 func (l *loader) redisURL() string {

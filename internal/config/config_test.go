@@ -219,6 +219,17 @@ func TestLoadValues(t *testing.T) {
 		{"trimmed", map[string]string{EnvQueue: " events\n"}, func(c Config) bool { return c.Queue == "events" }},
 		{"queue type default", map[string]string{}, func(c Config) bool { return c.QueueType == "classic" }},
 		{"queue type", map[string]string{EnvQueueType: "Quorum"}, func(c Config) bool { return c.QueueType == "quorum" }},
+		{"one queue by default", nil, func(c Config) bool {
+			return slices.Equal(c.IncomingQueues(), []IncomingQueue{{Name: "notifier"}})
+		}},
+		{"hashed queues, all consumed", map[string]string{EnvQueueShards: "2"}, func(c Config) bool {
+			return slices.Equal(c.IncomingQueues(), []IncomingQueue{{Name: "notifier"},
+				{Name: "notifier.0", Exchange: "notifier.hash"}, {Name: "notifier.1", Exchange: "notifier.hash"}})
+		}},
+		{"hashed queues, some consumed", map[string]string{EnvQueue: "ev", EnvQueueShards: "4", EnvQueues: " ev.3, ,ev.1 "}, func(c Config) bool {
+			return c.Queues == "ev.3,ev.1" && slices.Equal(c.IncomingQueues(), []IncomingQueue{
+				{Name: "ev.3", Exchange: "ev.hash"}, {Name: "ev.1", Exchange: "ev.hash"}})
+		}},
 		{"small prefetch lowers the default batch", map[string]string{EnvPrefetch: "10"}, func(c Config) bool { return c.Prefetch == 10 && c.BatchSize == 10 }},
 		{"batch", map[string]string{EnvPrefetch: "500", EnvBatchSize: "200"}, func(c Config) bool { return c.BatchSize == 200 }},
 		{"groups per call", map[string]string{EnvGroupsPerCall: "1"}, func(c Config) bool { return c.GroupsPerCall == 1 }},
@@ -232,6 +243,8 @@ func TestLoadValues(t *testing.T) {
 		{"prefix", map[string]string{EnvPrefix: "klaxon-staging:v2"}, func(c Config) bool { return c.Prefix == "klaxon-staging:v2" }},
 		{"pprof", map[string]string{EnvPprof: "TRUE"}, func(c Config) bool { return c.Pprof }},
 		{"pprof off", map[string]string{EnvPprof: "0"}, func(c Config) bool { return !c.Pprof }},
+		{"storm over", map[string]string{EnvStormOver: "true"}, func(c Config) bool { return c.StormOver }},
+		{"storm over off by default", map[string]string{}, func(c Config) bool { return !c.StormOver }},
 		{"bounds", map[string]string{EnvDigestMaxFirings: "50", EnvDigestMaxBytes: "64KiB", EnvDeadMaxMessages: "1000", EnvDeadMaxBytes: "1GiB"},
 			func(c Config) bool {
 				return c.DigestMaxFirings == 50 && c.DigestMaxBytes == 64<<10 && c.DeadMaxMessages == 1000 && c.DeadMaxBytes == 1<<30
@@ -283,6 +296,14 @@ func TestLoadInvalid(t *testing.T) {
 		{map[string]string{EnvQueue: "amq.events"}, EnvQueue, "reserves"},
 		{map[string]string{EnvQueueType: "stream"}, EnvQueueType, "classic, quorum"},
 		{map[string]string{EnvQueue: strings.Repeat("q", 251)}, EnvQueue, "250"},
+		{map[string]string{EnvQueueShards: "-1"}, EnvQueueShards, "from 0 to 256"},
+		{map[string]string{EnvQueueShards: "257"}, EnvQueueShards, "from 0 to 256"},
+		{map[string]string{EnvQueueShards: "four"}, EnvQueueShards, "whole number"},
+		{map[string]string{EnvQueueShards: "8", EnvQueues: "notifier,notifier.8"}, EnvQueues,
+			`"notifier.8" is not one of the incoming queues: notifier, notifier.0 … notifier.7 (KLAXON_QUEUE="notifier", KLAXON_QUEUE_SHARDS=8)`},
+		{map[string]string{EnvQueues: "notifier.0"}, EnvQueues, "KLAXON_QUEUE_SHARDS=0"},
+		{map[string]string{EnvQueueShards: "2", EnvQueues: "notifier.1,notifier.1"}, EnvQueues, `names "notifier.1" twice`},
+		{map[string]string{EnvQueues: " , "}, EnvQueues, "names no queue"},
 		{map[string]string{EnvRedisURL: "http://:s3cr3t@redis:6379/0"}, EnvRedisURL, `scheme "http"`},
 		{map[string]string{EnvRedisURL: "redis://:s3cr3t@redis:6379/x"}, EnvRedisURL, "database"},
 		{map[string]string{EnvRedisURL: "redis://:s3cr3t@redis:6379/0?bogus=1"}, EnvRedisURL, "bogus"},
@@ -326,6 +347,7 @@ func TestLoadInvalid(t *testing.T) {
 		{map[string]string{EnvRulesRefresh: "0s"}, EnvRulesRefresh, "not positive"},
 		{map[string]string{EnvSendTimeout: "-1s"}, EnvSendTimeout, "not positive"},
 		{map[string]string{EnvPprof: "yes"}, EnvPprof, `"yes" is not true or false`},
+		{map[string]string{EnvStormOver: "all"}, EnvStormOver, `"all" is not true or false`},
 		{map[string]string{EnvDigestMaxFirings: "0"}, EnvDigestMaxFirings, "from 1 to 10000"},
 		{map[string]string{EnvDigestMaxBytes: "1MB"}, EnvDigestMaxBytes, "not a size from 1KiB to 16MiB"},
 		{map[string]string{EnvDigestMaxBytes: "100"}, EnvDigestMaxBytes, "not a size from 1KiB"},

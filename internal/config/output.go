@@ -18,6 +18,8 @@ func (c Config) attrs() []slog.Attr {
 	return []slog.Attr{
 		slog.String("amqp_url", redactURL(c.AMQPURL)),
 		slog.String("queue", c.Queue),
+		slog.Int("queue_shards", c.QueueShards),
+		slog.String("queues", c.Queues),
 		slog.String("redis_url", redactURL(c.RedisURL)),
 		slog.String("mongo_url", redactURL(c.MongoURL)),
 		slog.String("mongo_database", c.MongoDatabase),

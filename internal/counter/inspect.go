@@ -20,23 +20,11 @@ import (
 // never counted has a zero At; for operators' tools (klaxon explain).
 func (e *Engine) Inspect(ctx context.Context, projectID, groupHash string, rs []*rules.Rule) ([]Outcome, time.Time, error) {
 	base := GroupKey(e.prefix, projectID, groupHash)
-	var clock *redis.TimeCmd
-	var get *redis.StringCmd
 	users := make(map[[2]int]*redis.IntCmd) // by rule and window
-	_, err := e.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		clock = p.Time(ctx)
-		get = p.Get(ctx, base+":s")
-		return nil
-	})
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return nil, time.Time{}, fmt.Errorf("read state of %s: %w", base, err)
+	st, now, err := e.readState(ctx, base)
+	if err != nil {
+		return nil, time.Time{}, err
 	}
-	raw, err := get.Bytes()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return nil, time.Time{}, fmt.Errorf("read state of %s: %w", base, err)
-	}
-	now := clock.Val().UnixMilli()
-	st := decodeState(raw, now, now/e.dedupTTL)
 	var b batch
 	outs := make([]Outcome, len(rs))
 	for i, r := range rs {
@@ -82,4 +70,71 @@ func (e *Engine) Inspect(ctx context.Context, projectID, groupHash string, rs []
 		outs[k[0]].Counts[k[1]] = c.Val()
 	}
 	return outs, time.UnixMilli(now), nil
+}
+
+// readState reads a group's state string and Redis' clock (ms), in one
+// round trip, without changing anything.
+func (e *Engine) readState(ctx context.Context, base string) (*groupState, int64, error) {
+	var clock *redis.TimeCmd
+	var get *redis.StringCmd
+	_, err := e.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		clock = p.Time(ctx)
+		get = p.Get(ctx, base+":s")
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, 0, fmt.Errorf("read state of %s: %w", base, err)
+	}
+	raw, err := get.Bytes()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, 0, fmt.Errorf("read state of %s: %w", base, err)
+	}
+	now := clock.Val().UnixMilli()
+	return decodeState(raw, now, now/e.dedupTTL), now, nil
+}
+
+// Ring is what one window's ring of buckets holds, read without changing
+// it: the history a "storm over" check (package storm) needs, since a
+// window's count alone cannot say when it was last at its threshold.
+type Ring struct {
+	// Now is Redis' clock when the ring was read.
+	Now time.Time
+	// At is the ring's clock (the newest event it counted); zero when the
+	// group has no live ring for the window: nothing counted within about
+	// a period before Now.
+	At time.Time
+	// Bucket is the buckets' width (Resolution of the period).
+	Bucket time.Duration
+	// Counts maps a bucket (ms since the epoch / Bucket, floored) to the
+	// events it holds; only buckets of the window ending at At, from
+	// floor((At-period)/Bucket), are kept, and only those that hold events.
+	Counts map[int64]int64
+}
+
+// Ring reads window w's ring of rule r for a group, read-only like
+// Inspect. A rule counting users has no ring: an error.
+func (e *Engine) Ring(ctx context.Context, projectID, groupHash string, r *rules.Rule, w int) (Ring, error) {
+	if r.Users || w < 0 || w >= len(r.Windows) {
+		return Ring{}, fmt.Errorf("rule %s has no ring for window %d", r.ID, w)
+	}
+	st, now, err := e.readState(ctx, GroupKey(e.prefix, projectID, groupHash))
+	if err != nil {
+		return Ring{}, err
+	}
+	period := r.Windows[w].Period
+	out := Ring{Now: time.UnixMilli(now), Bucket: Resolution(period), Counts: map[int64]int64{}}
+	tag, bucket := ringTag(r, period), Resolution(period).Milliseconds()
+	for _, ring := range st.rings {
+		if ring.tag != tag || ring.until <= now {
+			continue
+		}
+		out.At = time.UnixMilli(ring.at)
+		lo := floorDiv(ring.at-period.Milliseconds(), bucket)
+		for k := 0; k+1 < len(ring.pairs); k += 2 {
+			if ring.pairs[k] >= lo && ring.pairs[k+1] > 0 {
+				out.Counts[ring.pairs[k]] += ring.pairs[k+1]
+			}
+		}
+	}
+	return out, nil
 }

@@ -80,19 +80,49 @@ func (d *Deliverer) claim(ctx context.Context, key, token string) (int, time.Dur
 	return done, 0, nil
 }
 
-// release drops our claim, so that the job, scheduled to come back, may be
-// claimed again.
-func (d *Deliverer) release(ctx context.Context, key string) error {
-	if err := d.rdb.Del(ctx, key).Err(); err != nil {
-		return fmt.Errorf("release claim %s: %w", key, err)
+// release drops our claims, so that the job, scheduled to come back, may
+// be claimed again. One DEL a key, pipelined: the keys of a grouped job's
+// firings may lie in different cluster slots.
+func (d *Deliverer) release(ctx context.Context, keys ...string) error {
+	_, err := d.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, k := range keys {
+			p.Del(ctx, k)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("release claims %s: %w", strings.Join(keys, ", "), err)
 	}
 	return nil
 }
 
 func (d *Deliverer) record(ctx context.Context, key, state string) error {
-	err := d.replicated(ctx, func(rdb redis.Cmdable) error { return rdb.Set(ctx, key, state, d.cfg.Keep).Err() })
+	return d.recordAll(ctx, []string{key}, state)
+}
+
+// recordAll records the outcome of a message under each of its keys: on a
+// single node or Sentinel in one transaction, so that a grouped message is
+// recorded for all of its firings or none; on a cluster, whose slots a
+// transaction cannot span, in one pipeline.
+func (d *Deliverer) recordAll(ctx context.Context, keys []string, state string) error {
+	err := d.replicated(ctx, func(rdb redis.Cmdable) error {
+		if len(keys) == 1 {
+			return rdb.Set(ctx, keys[0], state, d.cfg.Keep).Err()
+		}
+		write := rdb.TxPipelined
+		if _, cluster := d.rdb.(*redis.ClusterClient); cluster {
+			write = rdb.Pipelined
+		}
+		_, err := write(ctx, func(p redis.Pipeliner) error {
+			for _, k := range keys {
+				p.Set(ctx, k, state, d.cfg.Keep)
+			}
+			return nil
+		})
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("record %s as %s: %w", key, state, err)
+		return fmt.Errorf("record %s as %s: %w", strings.Join(keys, ", "), state, err)
 	}
 	return nil
 }
@@ -124,9 +154,10 @@ type unrecorded struct {
 	at    time.Time
 }
 
-// remember keeps an outcome that could not be recorded, for settled.
-// Outcomes older than Keep are forgotten: their job went elsewhere.
-func (d *Deliverer) remember(key, state string) {
+// remember keeps an outcome that could not be recorded, for settled, under
+// each of the message's keys. Outcomes older than Keep are forgotten: their
+// job went elsewhere.
+func (d *Deliverer) remember(keys []string, state string) {
 	now := d.now()
 	d.unrecorded.Range(func(k, v any) bool {
 		if now.Sub(v.(unrecorded).at) > d.cfg.Keep {
@@ -134,7 +165,9 @@ func (d *Deliverer) remember(key, state string) {
 		}
 		return true
 	})
-	d.unrecorded.Store(key, unrecorded{state: state, at: now})
+	for _, key := range keys {
+		d.unrecorded.Store(key, unrecorded{state: state, at: now})
+	}
 }
 
 // settled records the outcome of an earlier try of this job that could not

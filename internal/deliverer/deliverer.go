@@ -1,7 +1,8 @@
 // Package deliverer sends notifications: it consumes delivery jobs
 // (wire.Job), sends each firing exactly once per channel, retries what
-// failed with backoff, and gathers firings inside a channel's minPeriod
-// into one digest.
+// failed with backoff, gathers firings inside a channel's minPeriod into
+// one digest, and sends the firings of one event that share a destination
+// as one message (group.go).
 //
 // A job goes claim → send → settle: the claim (claims.go) makes one
 // deliverer the sender of a message; send (send.go) tries the channel once,
@@ -269,6 +270,8 @@ func (d *Deliverer) handle(ctx context.Context, dl queue.Delivery) error {
 		return d.schedule(ctx, &job, job.NotBefore.Sub(d.now()), true)
 	case job.Snooze != nil:
 		return d.deliverSummary(ctx, &job, token)
+	case len(job.Firings) > 0:
+		return d.deliverGroup(ctx, &job, token)
 	case job.Notification == nil:
 		return d.deliverDigest(ctx, &job, token)
 	}

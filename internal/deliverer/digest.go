@@ -131,7 +131,7 @@ func (d *Deliverer) deliverDigestOnce(ctx context.Context, job *wire.Job, token 
 	ctx, cancel := withGrace(ctx, sendGrace)
 	defer cancel()
 	// A retry keeps the digest in flight, to send the same again.
-	if recorded, err := d.deliverMessage(ctx, job, key, msg); !recorded {
+	if recorded, err := d.deliverMessage(ctx, job, []string{key}, msg); !recorded {
 		return false, err
 	}
 	return drop()

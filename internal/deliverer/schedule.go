@@ -32,7 +32,7 @@ func (d *Deliverer) schedule(ctx context.Context, job *wire.Job, delay time.Dura
 	rung := pickDelay(delay, atLeast)
 	q := d.delayQueue(rung)
 	id := "flush"
-	if job.Notification != nil {
+	if job.Notification != nil || len(job.Firings) > 0 {
 		id = job.Key()
 	}
 	m := queue.Message{RoutingKey: q, Body: body, MessageID: id, ContentType: "application/json"}

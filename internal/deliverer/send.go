@@ -58,52 +58,78 @@ func failure(retry bool, err error) outcome {
 
 // deliver sends one firing on one channel, once.
 func (d *Deliverer) deliver(ctx context.Context, job *wire.Job, token string) error {
+	switch a, wait, err := d.admit(ctx, job, token); {
+	case err != nil:
+		return err
+	case a == settledBefore:
+		return nil
+	case a == heldElsewhere:
+		return d.schedule(ctx, job, wait, true)
+	}
 	n := job.Notification
+	msg := &notify.Message{ID: n.ID, ProjectID: job.ProjectID, RuleID: job.RuleID, Notifications: []notify.Notification{*n}}
+	ctx, cancel := withGrace(ctx, sendGrace)
+	defer cancel()
+	_, err := d.deliverMessage(ctx, job, []string{d.claimKey(job.Key())}, msg)
+	return err
+}
+
+// admission is what a firing's claim, its rule's snooze and its minPeriod
+// make of it.
+type admission int
+
+const (
+	admitted      admission = iota // claimed by us: send it now
+	settledBefore                  // sent, failed, digested, omitted or snoozed: nothing left to do
+	heldElsewhere                  // another deliverer holds its claim
+)
+
+// admit takes the firing of a single job through its claim, its rule's
+// snooze (hold) and its channel's minPeriod (gather), recording what
+// they make of it. admitted leaves the firing claimed, job.Throttled set
+// when it passed the minPeriod gate; heldElsewhere comes with the wait
+// until the other deliverer's claim expires.
+func (d *Deliverer) admit(ctx context.Context, job *wire.Job, token string) (admission, time.Duration, error) {
 	key := d.claimKey(job.Key())
 	if ok, err := d.settled(ctx, key); ok {
-		return err
+		return settledBefore, 0, err
 	}
 	state, wait, err := d.claim(ctx, key, token)
 	if err != nil {
-		return err
+		return 0, 0, err
 	}
 	switch state {
 	case done:
 		d.metrics.Notifications.WithLabelValues(job.Channel, "duplicate").Inc()
-		return nil
+		return settledBefore, 0, nil
 	case busy:
-		return d.schedule(ctx, job, wait, true)
+		return heldElsewhere, wait, nil
 	}
 	if held, err := d.hold(ctx, job, key); held || err != nil {
-		return err
+		return settledBefore, 0, err
 	}
-
 	if job.MinPeriod > 0 && !job.Throttled {
 		gathered, omitted, err := d.gather(ctx, job)
 		if err != nil {
-			return err
+			return 0, 0, err
 		}
 		if omitted {
 			// Counted in the digest's "omitted", not listed: the digest
 			// is full.
 			d.metrics.Notifications.WithLabelValues(job.Channel, "omitted").Inc()
-			return d.record(ctx, key, "omitted")
+			return settledBefore, 0, d.record(ctx, key, "omitted")
 		}
 		if gathered {
 			d.metrics.Notifications.WithLabelValues(job.Channel, "digested").Inc()
-			return d.record(ctx, key, "digested")
+			return settledBefore, 0, d.record(ctx, key, "digested")
 		}
 		job.Throttled = true
 	}
-
-	msg := &notify.Message{ID: n.ID, ProjectID: job.ProjectID, RuleID: job.RuleID, Notifications: []notify.Notification{*n}}
-	ctx, cancel := withGrace(ctx, sendGrace)
-	defer cancel()
-	_, err = d.deliverMessage(ctx, job, key, msg)
-	return err
+	return admitted, 0, nil
 }
 
-// deliverMessage sends msg, claimed under key, and settles the outcome.
+// deliverMessage sends msg, claimed under keys (one per firing it carries,
+// or the digest's or summary's one), and settles the outcome.
 // recorded reports that msg is now recorded as sent or failed: what it was
 // made of (a digest in flight, a snooze's held firings) may go.
 //
@@ -112,14 +138,14 @@ func (d *Deliverer) deliver(ctx context.Context, job *wire.Job, token string) er
 // not be cut off then, nor its outcome go unrecorded: the job comes again,
 // and would be sent again. So callers give the send and what follows it
 // sendGrace after ctx ends (withGrace).
-func (d *Deliverer) deliverMessage(ctx context.Context, job *wire.Job, key string, msg *notify.Message) (recorded bool, err error) {
+func (d *Deliverer) deliverMessage(ctx context.Context, job *wire.Job, keys []string, msg *notify.Message) (recorded bool, err error) {
 	start := time.Now()
 	o, err := d.send(ctx, job, msg)
 	if err != nil {
 		return false, err
 	}
 	o.took = time.Since(start)
-	return d.settle(ctx, job, key, msg, o)
+	return d.settle(ctx, job, keys, msg, o)
 }
 
 // send is one attempt of msg, if the job's destination, its project and
@@ -167,13 +193,13 @@ func (d *Deliverer) send(ctx context.Context, job *wire.Job, msg *notify.Message
 	return failure(retry, err), nil
 }
 
-// settle acts on the outcome of a send of msg, claimed under key: records
+// settle acts on the outcome of a send of msg, claimed under keys: records
 // it as sent; or releases the claim and schedules the job for its turn or
 // its retry; or sends the job to the failed queue and records it as
 // failed. recorded reports that msg was recorded as sent or failed.
-func (d *Deliverer) settle(ctx context.Context, job *wire.Job, key string, msg *notify.Message, o outcome) (recorded bool, err error) {
+func (d *Deliverer) settle(ctx context.Context, job *wire.Job, keys []string, msg *notify.Message, o outcome) (recorded bool, err error) {
 	if o.kind == outcomeWait {
-		return false, d.waitTurn(ctx, job, key, msg, o)
+		return false, d.waitTurn(ctx, job, keys, msg, o)
 	}
 	log := d.log.With("channel", job.Channel, "project", job.ProjectID, "rule", job.RuleID,
 		"notification_id", msg.ID, "firings", len(msg.Notifications), "attempt", job.Attempt+1)
@@ -183,8 +209,8 @@ func (d *Deliverer) settle(ctx context.Context, job *wire.Job, key string, msg *
 			d.metrics.DeliveryLatency.WithLabelValues(job.Channel).Observe(time.Since(n.FiredAt).Seconds())
 		}
 		log.Info("notification sent", "took_ms", o.took.Milliseconds())
-		if err := d.record(ctx, key, "sent"); err != nil {
-			d.remember(key, "sent")
+		if err := d.recordAll(ctx, keys, "sent"); err != nil {
+			d.remember(keys, "sent")
 			return false, err
 		}
 		return true, nil
@@ -196,13 +222,13 @@ func (d *Deliverer) settle(ctx context.Context, job *wire.Job, key string, msg *
 		return false, ctx.Err()
 	}
 	if o.kind == outcomeRetry && job.Attempt+1 < d.cfg.MaxAttempts {
-		return false, d.retry(ctx, job, key, o, log)
+		return false, d.retry(ctx, job, keys, o, log)
 	}
 	if err := d.fail(ctx, job, msg, o, log); err != nil {
 		return false, err
 	}
-	if err := d.record(ctx, key, "failed"); err != nil {
-		d.remember(key, "failed")
+	if err := d.recordAll(ctx, keys, "failed"); err != nil {
+		d.remember(keys, "failed")
 		return false, err
 	}
 	return true, nil
@@ -211,8 +237,8 @@ func (d *Deliverer) settle(ctx context.Context, job *wire.Job, key string, msg *
 // waitTurn puts back a job that was not tried, to come at its turn: one
 // reserved at its provider's pace, or once a send of its destination or
 // project may have ended. It spends no attempt.
-func (d *Deliverer) waitTurn(ctx context.Context, job *wire.Job, key string, msg *notify.Message, o outcome) error {
-	if err := d.release(ctx, key); err != nil {
+func (d *Deliverer) waitTurn(ctx context.Context, job *wire.Job, keys []string, msg *notify.Message, o outcome) error {
+	if err := d.release(ctx, keys...); err != nil {
 		return err
 	}
 	next := *job
@@ -231,8 +257,8 @@ func (d *Deliverer) waitTurn(ctx context.Context, job *wire.Job, key string, msg
 
 // retry schedules the next attempt of a job whose send failed, after the
 // backoff or the provider's Retry-After, whichever is longer.
-func (d *Deliverer) retry(ctx context.Context, job *wire.Job, key string, o outcome, log *slog.Logger) error {
-	if err := d.release(ctx, key); err != nil {
+func (d *Deliverer) retry(ctx context.Context, job *wire.Job, keys []string, o outcome, log *slog.Logger) error {
+	if err := d.release(ctx, keys...); err != nil {
 		return err
 	}
 	next := *job

@@ -144,7 +144,7 @@ func (d *Deliverer) deliverSummary(ctx context.Context, job *wire.Job, token str
 	}
 	ctx, cancel := withGrace(ctx, sendGrace)
 	defer cancel()
-	if recorded, err := d.deliverMessage(ctx, job, key, msg); !recorded {
+	if recorded, err := d.deliverMessage(ctx, job, []string{key}, msg); !recorded {
 		return err
 	}
 	return cleanup()

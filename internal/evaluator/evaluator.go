@@ -8,7 +8,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -59,6 +58,13 @@ type Groups interface {
 	Group(ctx context.Context, projectID, groupHash string) (events.Group, error)
 }
 
+// Storms follows the storms that SEEN_MORE firings start, for their
+// "storm over" messages (storm.Tracker).
+type Storms interface {
+	Wants(r *rules.Rule) bool
+	Start(ctx context.Context, r *rules.Rule, window int, n *notify.Notification) error
+}
+
 // Evaluator handles batches of incoming events.
 type Evaluator struct {
 	Rules     Rules
@@ -70,14 +76,24 @@ type Evaluator struct {
 	Groups Groups
 	// DeadQueue receives messages that cannot be used (<queue>.dead).
 	DeadQueue string
-	// DeliveryQueue receives one job per firing and channel.
+	// DeliveryQueue receives, per event, one job per destination.
 	DeliveryQueue string
 	// EventURL is the template of the link to an event that messages
 	// carry, with {projectId} and {groupHash} (KLAXON_EVENT_URL); "" for
 	// none.
 	EventURL string
-	Log      *slog.Logger
-	Metrics  *metrics.Metrics
+	// Storms, when set, is told of every firing of a rule that wants
+	// "storm over" messages.
+	Storms  Storms
+	Log     *slog.Logger
+	Metrics *metrics.Metrics
+
+	// counting lets one batch at a time count: batches of one worker
+	// handled at once (queue.ConsumerConfig.Concurrency) decode, match and
+	// publish side by side, but two counting at once would read the same
+	// groups' states and lose the compare-and-set to each other, sending
+	// both to the script.
+	counting sync.Mutex
 }
 
 // Handle processes a batch; returning nil acks all of it. Dead letters and
@@ -160,7 +176,10 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 	var results []counter.Result
 	if len(events) > 0 {
 		var err error
-		if results, err = e.Counter.ObserveBatch(ctx, b.ID, events); err != nil {
+		e.counting.Lock()
+		results, err = e.Counter.ObserveBatch(ctx, b.ID, events)
+		e.counting.Unlock()
+		if err != nil {
 			return fmt.Errorf("count %d events: %w", len(events), err)
 		}
 		for i, res := range results {
@@ -176,7 +195,33 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 			return fmt.Errorf("publish %d dead letters and delivery jobs: %w", len(out), err)
 		}
 	}
+	if err := e.startStorms(ctx, events, msgs, results); err != nil {
+		return err
+	}
 	e.record(tally, events, results, &regs)
+	return nil
+}
+
+// startStorms tells Storms of the batch's firings that want a "storm
+// over" message, replays included: a batch that failed after counting
+// comes back with its firings replayed, and Storms knows the ones it saw.
+func (e *Evaluator) startStorms(ctx context.Context, events []counter.Event, msgs []event.Message, results []counter.Result) error {
+	if e.Storms == nil {
+		return nil
+	}
+	for i, res := range results {
+		for k := range res.Outcomes {
+			o := &res.Outcomes[k]
+			if !o.Fired || o.Window < 0 || !e.Storms.Wants(o.Rule) {
+				continue
+			}
+			n := Notification(&events[i], &msgs[i], o)
+			n.Event.URL = EventURL(e.EventURL, events[i].ProjectID, events[i].GroupHash)
+			if err := e.Storms.Start(ctx, o.Rule, o.Window, &n); err != nil {
+				return fmt.Errorf("follow the storm of firing %s: %w", o.ID, err)
+			}
+		}
+	}
 	return nil
 }
 
@@ -359,15 +404,21 @@ func (e *Evaluator) record(tally tally, events []counter.Event, results []counte
 	}
 }
 
-// jobs turns the firings of one event into delivery jobs, one per channel.
-// A replayed firing (a redelivered message) gets the same jobs again; the
-// deliverer sends each firing once.
+// jobs turns the firings of one event into delivery jobs: one per
+// destination (a channel and an endpoint), carrying every rule's firing
+// that goes there (docs/contract.md §5.8). A replayed firing (a redelivered
+// message) gets the same jobs again; the deliverer sends each firing once
+// per channel, whichever job carries it.
 //
 // With Hawk's events database, a firing carries the group's history as the
 // batch read it; a firing of a derived rule is the regression of its rule,
 // sent as that rule's (its id, channels and digests).
 func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result, groups map[groupKey]events.Group, regs *regressions) ([]queue.Message, error) {
-	var jobs []queue.Message
+	type destination struct{ channel, endpoint string }
+	var (
+		order []destination
+		to    = make(map[destination][]wire.Firing)
+	)
 	for k := range res.Outcomes {
 		o := &res.Outcomes[k]
 		if !o.Fired {
@@ -385,21 +436,26 @@ func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result
 			n.History = &notify.History{TotalCount: g.TotalCount, FirstSeen: g.FirstSeen, DaysRepeated: g.DaysRepeated, TopFrame: g.TopFrame}
 		}
 		for _, c := range rule.Channels {
-			job := wire.Job{
-				Channel: c.Name, Endpoint: c.Endpoint, MinPeriod: c.MinPeriod.Milliseconds(),
-				ProjectID: ev.ProjectID, RuleID: rule.ID, Notification: &n,
+			dest := destination{c.Name, c.Endpoint}
+			if _, ok := to[dest]; !ok {
+				order = append(order, dest)
 			}
-			body, err := json.Marshal(job)
-			if err != nil {
-				return nil, fmt.Errorf("encode delivery job: %w", err)
-			}
-			jobs = append(jobs, queue.Message{
-				RoutingKey:  e.DeliveryQueue,
-				Body:        body,
-				MessageID:   job.Key(),
-				ContentType: "application/json",
-			})
+			to[dest] = append(to[dest], wire.Firing{RuleID: rule.ID, MinPeriod: c.MinPeriod.Milliseconds(), Notification: &n})
 		}
+	}
+	jobs := make([]queue.Message, 0, len(order))
+	for _, dest := range order {
+		job := wire.Job{Channel: dest.channel, Endpoint: dest.endpoint, ProjectID: ev.ProjectID, Firings: to[dest]}
+		if len(job.Firings) == 1 {
+			// One rule: the job of a single firing, as before grouping.
+			f := job.Firings[0]
+			job.RuleID, job.MinPeriod, job.Notification, job.Firings = f.RuleID, f.MinPeriod, f.Notification, nil
+		}
+		msg, err := job.Message(e.DeliveryQueue)
+		if err != nil {
+			return nil, err
+		}
+		jobs = append(jobs, msg)
 	}
 	return jobs, nil
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/evaluator"
 	"github.com/klaxonhq/klaxon/internal/event"
 	"github.com/klaxonhq/klaxon/internal/metrics"
+	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/store"
@@ -314,13 +317,18 @@ func TestLongTitleMatchedWhole(t *testing.T) {
 	if got, want := counted(fc.calls[0]), "g2=new+db"; got != want {
 		t.Errorf("counted %q, want %q", got, want)
 	}
+	if len(pub.msgs) != 1 {
+		t.Fatalf("%d jobs, want one for both rules' webhook", len(pub.msgs))
+	}
 	for _, msg := range pub.msgs {
 		job, err := wire.DecodeJob(msg.Body)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n := len(job.Notification.Event.Title); n > event.MaxTitle+len("…") {
-			t.Errorf("a notification carries a title of %d bytes", n)
+		for _, f := range job.Firings { // both rules, on one webhook: one grouped job
+			if n := len(f.Notification.Event.Title); n > event.MaxTitle+len("…") {
+				t.Errorf("a notification carries a title of %d bytes", n)
+			}
 		}
 	}
 }
@@ -429,5 +437,119 @@ func TestLongRepetitionIDIsBounded(t *testing.T) {
 	if len(reps) != 3 || reps[0] != "64b7f0c2a1b2c3d4e5f60001" || reps[1] == reps[2] ||
 		!strings.HasPrefix(reps[1], "sha256:") || len(reps[1]) > 128 {
 		t.Errorf("repetition ids %.80q, want the short one as is and the long ones as distinct hashes", reps)
+	}
+}
+
+// blockingCounter holds its first call until release, and counts the calls
+// in it at once.
+type blockingCounter struct {
+	fakeCounter
+	mu       sync.Mutex
+	active   int
+	entered  chan struct{} // one value per call
+	release  chan struct{}
+	overlaps atomic.Int64
+}
+
+func (f *blockingCounter) ObserveBatch(ctx context.Context, token int64, events []counter.Event) ([]counter.Result, error) {
+	f.mu.Lock()
+	f.active++
+	if f.active > 1 {
+		f.overlaps.Add(1)
+	}
+	f.mu.Unlock()
+	f.entered <- struct{}{}
+	<-f.release
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.active--
+	f.reuse = nil // results of their own: the caller reads them unlocked
+	return f.fakeCounter.ObserveBatch(ctx, token, events)
+}
+
+type lockedPublisher struct {
+	mu sync.Mutex
+	fakePublisher
+}
+
+func (p *lockedPublisher) Publish(ctx context.Context, msgs ...queue.Message) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.fakePublisher.Publish(ctx, msgs...)
+}
+
+// Batches handled at once (the consumer's Concurrency) count one at a
+// time: two counting together would lose their compare-and-sets to each
+// other on the groups both hold.
+func TestBatchesCountOneAtATime(t *testing.T) {
+	snap := compile(t, map[string][]rules.Spec{project: {
+		{ID: "new", IsEnabled: true, WhatToReceive: rules.OnlyNew, Channels: webhook()},
+	}})
+	fc := &blockingCounter{fakeCounter: fakeCounter{fire: map[string]bool{"new": true}},
+		entered: make(chan struct{}, 2), release: make(chan struct{})}
+	e, _ := newEvaluator(snap, fc, &lockedPublisher{})
+	handled := make(chan error, 2)
+	handle := func(id string) {
+		b := &queue.Batch{Deliveries: []queue.Delivery{delivery(hawk(project, "E", "g", true), id)}}
+		handled <- e.Handle(context.Background(), b)
+	}
+	go handle("m1")
+	<-fc.entered
+	go handle("m2")
+	// The second batch must not get in while the first counts. A bounded
+	// wait for something that must not happen.
+	select {
+	case <-fc.entered:
+		t.Error("a second batch counted while the first was counting")
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(fc.release)
+	for range 2 {
+		if err := <-handled; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := fc.overlaps.Load(); n != 0 {
+		t.Errorf("%d calls overlapped another", n)
+	}
+}
+
+// storms records the firings it is told of, as storm.Tracker would start
+// storms for them.
+type storms struct {
+	started []string
+	err     error
+}
+
+func (s *storms) Wants(r *rules.Rule) bool { return r.WantsStormOver(false) }
+
+func (s *storms) Start(_ context.Context, r *rules.Rule, w int, n *notify.Notification) error {
+	s.started = append(s.started, fmt.Sprintf("%s/%d/%s/%s", r.ID, w, n.ID, n.Event.URL))
+	return s.err
+}
+
+func TestFiringsOfStormOverRulesStartStorms(t *testing.T) {
+	on := true
+	snap := compile(t, map[string][]rules.Spec{project: {
+		{ID: "storm", IsEnabled: true, WhatToReceive: rules.SeenMore, Threshold: 2, ThresholdPeriod: 60_000, StormOver: &on, Channels: webhook()},
+		{ID: "plain", IsEnabled: true, WhatToReceive: rules.SeenMore, Threshold: 2, ThresholdPeriod: 60_000, Channels: webhook()},
+	}})
+	pub := &fakePublisher{}
+	e, _ := newEvaluator(snap, &fakeCounter{fire: map[string]bool{"storm": true, "plain": true}}, pub)
+	e.EventURL = "https://hawk.example/{groupHash}"
+	st := &storms{}
+	e.Storms = st
+	b := &queue.Batch{Deliveries: []queue.Delivery{delivery(hawk(project, "t", "g", false), "")}}
+	if err := e.Handle(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	if want := "storm/0/firing-storm/https://hawk.example/g"; len(st.started) != 1 || st.started[0] != want {
+		t.Fatalf("storms started %q, want %q only", st.started, want)
+	}
+	// A storm that cannot be recorded holds the batch: it comes again, its
+	// firings replayed, and the storm is started then.
+	st.err = errors.New("redis down")
+	if err := e.Handle(context.Background(), b); err == nil || !strings.Contains(err.Error(), "redis down") {
+		t.Fatalf("Handle = %v, want the storm's error", err)
 	}
 }

@@ -53,22 +53,7 @@ func newHawkEvents(t *testing.T) (*hawkEvents, *events.Reader) {
 // dailyEvents document per day.
 func (h *hawkEvents) group(t *testing.T, groupHash string, total int32, days int) {
 	t.Helper()
-	ctx := context.Background()
-	if _, err := h.db.Collection("events:"+project).InsertOne(ctx, bson.M{
-		"groupHash": groupHash, "totalCount": total, "catcherType": "errors/javascript", "timestamp": int32(1700000000),
-		"payload": bson.M{"title": "TypeError: x is undefined", "timestamp": int32(1700000000),
-			"backtrace": bson.A{bson.M{"file": "app/cart.js", "line": int32(42)}}},
-		"usersAffected": int32(1), "visitedBy": bson.A{},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	for d := range days {
-		if _, err := h.db.Collection("dailyEvents:"+project).InsertOne(ctx, bson.M{
-			"groupHash": groupHash, "groupingTimestamp": int32(1700000000 + d*86400), "count": int32(1),
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	testenv.HawkGroup(t, h.db, project, groupHash, total, 1700000000, days, nil)
 }
 
 // toggle flips a mark as hawk.api's toggleEventMark does: $set to the
@@ -83,13 +68,10 @@ func (h *hawkEvents) toggle(t *testing.T, groupHash, mark string, at int32) {
 	if err := c.FindOne(ctx, bson.M{"groupHash": groupHash}).Decode(&doc); err != nil {
 		t.Fatal(err)
 	}
-	update := bson.M{"$set": bson.M{"marks." + mark: at}}
 	if doc.Marks[mark] != nil {
-		update = bson.M{"$unset": bson.M{"marks." + mark: ""}}
+		at = 0
 	}
-	if _, err := c.UpdateOne(ctx, bson.M{"groupHash": groupHash}, update); err != nil {
-		t.Fatal(err)
-	}
+	testenv.HawkMark(t, h.db, project, groupHash, mark, at)
 }
 
 type sentJob struct {

@@ -5,13 +5,15 @@ package event
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
 )
 
 // MaxSize is the largest message accepted; a larger one is dead-lettered
@@ -109,7 +111,10 @@ func Decode(body []byte) (Message, error) {
 	if !utf8.Valid(body) {
 		return m, errors.New("message is not valid UTF-8")
 	}
-	if err := json.Unmarshal(body, &m); err != nil {
+	// Read as the producer's JavaScript reads it (JSON.parse): names
+	// exactly, and the last of a name given twice. Refusing such a
+	// message would lose an event to a producer's quirk.
+	if err := json.Unmarshal(body, &m, jsontext.AllowDuplicateNames(true)); err != nil {
 		return m, fmt.Errorf("message is not a JSON object of Hawk's format: %w", err)
 	}
 	switch {

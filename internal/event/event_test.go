@@ -43,6 +43,9 @@ func TestDecodeRejects(t *testing.T) {
 		{`{"projectId":"5e3eef0679fa3700a0198a49","event":{"groupHash":"g"}}`, "event.title is missing"},
 		{`{"projectId":"5e3eef0679fa3700a0198a49","event":{"title":"t","groupHash":"g","timestamp":-1}}`, "not Unix seconds"},
 		{`{"projectId":"5e3eef0679fa3700a0198a49","event":{"title":"t","groupHash":"g","timestamp":"x"}}`, "not a JSON object"},
+		{`{"projectId":"5e3eef0679fa3700a0198a49","event":{"title":"t","groupHash":"g","isNew":"yes"}}`, `within "/event/isNew"`},
+		// Read as JavaScript reads it: exact names.
+		{`{"ProjectId":"5e3eef0679fa3700a0198a49","event":{"title":"t","groupHash":"g"}}`, "projectId is missing"},
 		{"{\"projectId\":\"5e3eef0679fa3700a0198a49\",\"event\":{\"title\":\"\xff\",\"groupHash\":\"g\"}}", "not valid UTF-8"},
 		{`{"projectId":"5e3eef0679fa3700a0198a49","event":{"title":"` + strings.Repeat("x", MaxSize) + `","groupHash":"g"}}`, "over the"},
 	} {
@@ -50,6 +53,18 @@ func TestDecodeRejects(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Decode(%.60q) = %v, want an error containing %q", tc.body, err, tc.want)
 		}
+	}
+}
+
+// A name given twice counts with its last value, as JSON.parse reads it.
+func TestDecodeTakesTheLastOfANameGivenTwice(t *testing.T) {
+	m, err := Decode([]byte(`{"projectId":"5e3eef0679fa3700a0198a49","event":{"title":"t","groupHash":"g",` +
+		`"repetitionId":null,"groupHash":"h","repetitionId":"r"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Event.GroupHash != "h" || m.Event.RepetitionID == nil || *m.Event.RepetitionID != "r" {
+		t.Errorf("groupHash %q, repetitionId %v: want the last values, h and r", m.Event.GroupHash, m.Event.RepetitionID)
 	}
 }
 

@@ -47,46 +47,13 @@ func NewHawkDB(t *testing.T) *HawkDB {
 // dailyEvents document per day it happened.
 func (h *HawkDB) Group(t *testing.T, groupHash string, total int32, firstSeen int32, days int, marks bson.M) {
 	t.Helper()
-	ctx := context.Background()
-	doc := bson.M{
-		"groupHash": groupHash, "totalCount": total, "catcherType": "errors/javascript",
-		"usersAffected": int32(1), "visitedBy": bson.A{}, "timestamp": firstSeen,
-		"payload": bson.M{
-			"title": "TypeError: x is undefined", "timestamp": firstSeen,
-			"backtrace": bson.A{
-				bson.M{"file": "app/cart.js", "line": int32(42), "column": int32(7),
-					"sourceCode": bson.A{bson.M{"line": int32(42), "content": "x.y()"}}},
-				bson.M{"file": "app/main.js", "line": int32(3)},
-			},
-			"context": `{"a":1}`, "addons": "{}",
-		},
-	}
-	if marks != nil {
-		doc["marks"] = marks
-	}
-	if _, err := h.DB.Collection("events:"+project).InsertOne(ctx, doc); err != nil {
-		t.Fatal(err)
-	}
-	for d := range days {
-		day := int32(firstSeen) + int32(d)*86400
-		if _, err := h.DB.Collection("dailyEvents:"+project).InsertOne(ctx, bson.M{
-			"groupHash": groupHash, "groupingTimestamp": day, "count": int32(3), "lastRepetitionTime": day,
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	testenv.HawkGroup(t, h.DB, project, groupHash, total, firstSeen, days, marks)
 }
 
 // Mark sets or clears a mark as hawk.api's toggleEventMark does.
 func (h *HawkDB) Mark(t *testing.T, groupHash, mark string, at int32) {
 	t.Helper()
-	update := bson.M{"$set": bson.M{"marks." + mark: at}}
-	if at == 0 {
-		update = bson.M{"$unset": bson.M{"marks." + mark: ""}}
-	}
-	if _, err := h.DB.Collection("events:"+project).UpdateOne(context.Background(), bson.M{"groupHash": groupHash}, update); err != nil {
-		t.Fatal(err)
-	}
+	testenv.HawkMark(t, h.DB, project, groupHash, mark, at)
 }
 
 func TestGroupReadsHawksDocuments(t *testing.T) {

@@ -20,7 +20,8 @@ type Metrics struct {
 	// destination or project had every send it may have in flight),
 	// parked (its destination's circuit was open), failed, duplicate,
 	// omitted, snoozed (held back by klaxon snooze; the summary at its
-	// end counts as sent).
+	// end counts as sent). Sent counts messages: a digest, or an event's
+	// grouped message, counts once; the others count firings.
 	Notifications *prometheus.CounterVec
 	// CircuitChanges counts destinations' circuits changing state, by
 	// channel and new state (open, half_open, closed).
@@ -33,9 +34,17 @@ type Metrics struct {
 	EventLag prometheus.Histogram
 	// QueueDepth is the number of messages ready in each queue Klaxon reads.
 	QueueDepth *prometheus.GaugeVec
+	// Consuming is 1 while the worker consumes a queue, by queue: with
+	// several incoming queues, the one that is deleted or refused shows 0
+	// while the others go on.
+	Consuming *prometheus.GaugeVec
 	// Batches by stage and outcome (ok, error): a handler error holds the
 	// batch and retries it after a backoff.
 	Batches *prometheus.CounterVec
+	// Storms by outcome: started, over (its message published), dropped
+	// (its rule or window gone), error (a check that failed and is tried
+	// again).
+	Storms *prometheus.CounterVec
 	// RuleLoads by source outcome (ok, error); on error the last good rules serve.
 	RuleLoads *prometheus.CounterVec
 	// RuleWarnings counts malformed or suspicious rules seen at load.
@@ -87,9 +96,15 @@ func New(reg prometheus.Registerer) *Metrics {
 		QueueDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "klaxon_queue_messages", Help: "Messages ready in the queues Klaxon consumes.",
 		}, []string{"queue"}),
+		Consuming: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "klaxon_queue_consuming", Help: "1 while the worker consumes the queue.",
+		}, []string{"queue"}),
 		Batches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "klaxon_batches_total", Help: "Handled batches by stage and outcome.",
 		}, []string{"stage", "outcome"}),
+		Storms: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "klaxon_storms_total", Help: "Storms tracked for \"storm over\" messages, by outcome.",
+		}, []string{"outcome"}),
 		RuleLoads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "klaxon_rule_loads_total", Help: "Rule reloads by outcome.",
 		}, []string{"outcome"}),
@@ -101,6 +116,6 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"dependency"}),
 	}
 	reg.MustRegister(m.Events, m.RulesEvaluated, m.Firings, m.Notifications, m.CircuitChanges, m.CircuitsOpen, m.DeliveryLatency,
-		m.EventLag, m.QueueDepth, m.Batches, m.RuleLoads, m.RuleWarnings, m.Up)
+		m.EventLag, m.QueueDepth, m.Consuming, m.Batches, m.Storms, m.RuleLoads, m.RuleWarnings, m.Up)
 	return m
 }

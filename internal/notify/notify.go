@@ -16,14 +16,23 @@ const (
 	// had marked resolved (docs/contract.md §4.6).
 	TypeRegressed = "regressed"
 	TypeDigest    = "digest"
+	// TypeGrouped is one message for the firings of several rules of a
+	// project for one event that share a destination (docs/contract.md
+	// §5.8).
+	TypeGrouped = "grouped"
+	// TypeStormOver closes a SEEN_MORE firing's storm: its window stayed
+	// below the threshold for a whole period (package storm).
+	TypeStormOver = "storm_over"
 )
 
 // BodyVersion is the "version" of webhook bodies. Version 2 added
 // projectName, ruleDescription and event.url to version 1 (bodies without
 // "version"); version 3 added "history", "resolvedAt" and the type
-// "regressed". Versions only add fields, so a receiver of an older one
-// keeps working (one that switches on "type" should expect new values).
-const BodyVersion = "3"
+// "regressed"; version 4 the type "grouped", a body of its own (Grouped),
+// and "storm" with the type "storm_over". Versions only add fields, so a
+// receiver of an older one keeps working (one that switches on "type"
+// should expect new values).
+const BodyVersion = "4"
 
 // Notification is one firing of a rule for a group of events. Its JSON form
 // is the webhook body of docs/contract.md §5.1.
@@ -32,7 +41,7 @@ type Notification struct {
 	// jobs, and the notifications a digest lists).
 	Version   string `json:"version,omitempty"`
 	ID        string `json:"id"`   // deterministic; the same for every channel
-	Type      string `json:"type"` // TypeNew or TypeThreshold
+	Type      string `json:"type"` // TypeNew, TypeThreshold, TypeRegressed or TypeStormOver
 	ProjectID string `json:"projectId"`
 	// ProjectName is the project's name, "" when the rules store has none.
 	ProjectName string `json:"projectName"`
@@ -55,6 +64,30 @@ type Notification struct {
 	// ResolvedAt is when the group had been marked resolved, for a
 	// TypeRegressed notification; zero (absent) otherwise.
 	ResolvedAt time.Time `json:"resolvedAt,omitzero"`
+	// Storm is the storm a TypeStormOver notification closes; nil
+	// (absent) otherwise.
+	Storm *Storm `json:"storm,omitempty"`
+}
+
+// Storm is what a "storm over" message says of the storm it closes. Its
+// notification's Count is Events, Threshold and Period those of the window
+// that fired, and FiredAt when the storm was found over (QuietSince plus
+// the period).
+type Storm struct {
+	// FiringID is the id of the storm's first firing, whose message this
+	// one closes; firings during the storm belong to it too.
+	FiringID  string    `json:"firingId"`
+	StartedAt time.Time `json:"startedAt"` // the first firing's time
+	// QuietSince is when the window fell below its threshold for good.
+	QuietSince time.Time `json:"quietSince"`
+	Duration   int64     `json:"duration"` // ms, StartedAt to QuietSince
+	// Events is how many events the window counted from the first
+	// firing's window to QuietSince.
+	Events int64 `json:"events"`
+	// Exact is false when a check came more than a period late (an
+	// outage): Events is then a lower bound, and QuietSince and Duration
+	// upper bounds.
+	Exact bool `json:"exact"`
 }
 
 // History is a group's past as the tracker knows it, as Hawk's own
@@ -85,14 +118,18 @@ type WindowStatus struct {
 }
 
 // Message is what one send carries to one destination: a single
-// notification, or a digest of the firings gathered during a channel's
-// minPeriod.
+// notification, a digest of the firings gathered during a channel's
+// minPeriod, or the firings of several rules for one event that share the
+// destination (Grouped).
 type Message struct {
-	ID            string // the notification's id, or the digest's
+	ID            string // the notification's id, the digest's or the group's
 	ProjectID     string
-	RuleID        string
-	Notifications []Notification // one, unless Digest
+	RuleID        string         // "" when Grouped: each notification names its rule
+	Notifications []Notification // one, unless Digest or Grouped
 	Digest        bool
+	// Grouped marks the firings of several rules for one event, one per
+	// rule, in the order of the project's rules.
+	Grouped bool
 	// Omitted counts the firings of a digest left out of Notifications
 	// because the digest was full (the deliverer's digest bounds): every
 	// channel says "and N more".
@@ -111,6 +148,23 @@ type Digest struct {
 	// Omitted is how many more firings the digest stands for but does not
 	// list, because it was full; 0 when it lists them all.
 	Omitted int64 `json:"omitted"`
+}
+
+// Grouped is the webhook body of a grouped message (docs/contract.md
+// §5.8): the firings of several rules of one project for one event, sent
+// to one destination as one message.
+type Grouped struct {
+	Version     string `json:"version"` // BodyVersion
+	Type        string `json:"type"`    // TypeGrouped
+	ID          string `json:"id"`
+	ProjectID   string `json:"projectId"`
+	ProjectName string `json:"projectName"`
+	// RuleIDs are the rules that fired, as the notifications list them.
+	RuleIDs []string `json:"ruleIds"`
+	// Event is the event all of them fired for.
+	Event Event `json:"event"`
+	// Notifications has one body per rule, as a single message's.
+	Notifications []Notification `json:"notifications"`
 }
 
 // A Channel delivers a message to one endpoint (an address, chat id or

@@ -38,9 +38,15 @@ type View struct {
 	// deliverer because the digest was full, or by Limit because a channel
 	// shows no more. More says it in words.
 	Omitted int64
-	// Footer closes a digest ("Digest id …"). Empty for a single
-	// notification.
+	// Footer closes a digest ("Digest id …") or a grouped message
+	// ("Message id …"). Empty for a single notification.
 	Footer string
+	// Grouped is set for the firings of several rules for one event
+	// (Message.Grouped): Title and URL are then the event's, shown once,
+	// and each item is one rule's firing, headed by its Rule.
+	Grouped bool
+	Title   string
+	URL     string
 }
 
 // Item is one firing in a View.
@@ -53,6 +59,8 @@ type Item struct {
 	URL     string
 	FiredAt string   // RFC 3339, UTC
 	Details []string // one fact per line: windows, rule, times, ids
+	// Rule names the rule that fired: its description, else its id.
+	Rule string
 }
 
 // ViewEvent is the text of a link to the event.
@@ -69,8 +77,25 @@ func (it Item) Line() string {
 
 // Lines is the whole view as plain text lines: for a single notification the
 // title, summary and details; for a digest the header, one line per firing
-// and the footer.
+// and the footer; for a grouped message the header, the event, each rule's
+// firing with its details, and the footer.
 func (v View) Lines() []string {
+	if v.Grouped {
+		lines := []string{v.Header, "", v.Title}
+		if v.URL != "" {
+			lines = append(lines, ViewEvent+": "+v.URL)
+		}
+		for _, it := range v.Items {
+			lines = append(lines, "", "• "+it.Rule+" — "+it.Summary)
+			for _, d := range it.Details {
+				lines = append(lines, "  "+d)
+			}
+		}
+		if more := v.More(); more != "" {
+			lines = append(lines, "", more)
+		}
+		return append(lines, "", v.Footer)
+	}
 	if v.Header == "" && len(v.Items) == 1 {
 		it := v.Items[0]
 		lines := []string{it.Title, it.Summary}
@@ -115,14 +140,17 @@ func (v View) More() string {
 func (v View) Text() string { return strings.Join(v.Lines(), "\n") }
 
 // CheckMessage reports whether m can be rendered and sent: a single message
-// carries exactly one notification, a digest at least one.
+// carries exactly one notification, a digest or a grouped message at least
+// one, and a message is not both a digest and grouped.
 func CheckMessage(m *Message) error {
 	switch {
 	case m == nil:
 		return errors.New("nil message")
 	case len(m.Notifications) == 0:
 		return fmt.Errorf("message %s has no notifications", m.ID)
-	case !m.Digest && len(m.Notifications) != 1:
+	case m.Digest && m.Grouped:
+		return fmt.Errorf("message %s is both a digest and grouped", m.ID)
+	case !m.Digest && !m.Grouped && len(m.Notifications) != 1:
 		return fmt.Errorf("message %s is not a digest but has %d notifications", m.ID, len(m.Notifications))
 	}
 	return nil
@@ -141,6 +169,9 @@ func Render(m *Message) View {
 	var name string
 	if len(m.Notifications) > 0 {
 		name = OneLine(m.Notifications[0].ProjectName)
+	}
+	if m.Grouped && len(v.Items) > 0 {
+		return renderGrouped(m, v, name)
 	}
 	if !m.Digest && len(v.Items) == 1 {
 		it, n := v.Items[0], m.Notifications[0]
@@ -170,6 +201,20 @@ func Render(m *Message) View {
 	return v
 }
 
+// renderGrouped is the view of the firings of several rules for one event:
+// the event once, then each rule with what it saw.
+func renderGrouped(m *Message, v View, name string) View {
+	n := int64(len(v.Items))
+	v.Grouped, v.Title, v.URL = true, v.Items[0].Title, v.Items[0].URL
+	v.Header = fmt.Sprintf("%s fired for one event in project %s", plural(n, "rule"), project(name, m.ProjectID))
+	v.Subject = Truncate(v.Title, SubjectTitle) + " — " + plural(n, "rule") + " fired"
+	if name != "" {
+		v.Subject = "[" + Truncate(name, projectInSubject) + "] " + v.Subject
+	}
+	v.Footer = "Message id " + m.ID
+	return v
+}
+
 // How much of a project name a subject repeats, and of a rule's
 // description a message shows.
 const (
@@ -191,6 +236,10 @@ func renderItem(n Notification) Item {
 		Summary: summary(n),
 		URL:     OneLine(n.Event.URL),
 		FiredAt: rfc3339(n.FiredAt),
+		Rule:    "Rule " + OneLine(n.RuleID),
+	}
+	if d := OneLine(n.RuleDescription); d != "" {
+		it.Rule = Truncate(d, maxRuleText)
 	}
 	if it.Title == "" {
 		it.Title = "(untitled event)"
@@ -228,7 +277,18 @@ func renderItem(n Notification) Item {
 	if n.RuleDescription != "" {
 		it.Details = append(it.Details, "Rule: "+Truncate(OneLine(n.RuleDescription), maxRuleText))
 	}
-	it.Details = append(it.Details, "Fired at "+it.FiredAt)
+	if st := n.Storm; n.Type == TypeStormOver && st != nil {
+		it.Details = append(it.Details,
+			fmt.Sprintf("Storm from %s to %s: %s", rfc3339(st.StartedAt), rfc3339(st.QuietSince), stormSize(n)),
+			fmt.Sprintf("Below %d %s in %s since %s", n.Threshold, countNoun(Notification{Count: 2, CountBy: n.CountBy}), HumanDuration(ms(n.Period)), rfc3339(st.QuietSince)),
+			"Closes notification "+st.FiringID)
+		if !st.Exact {
+			it.Details = append(it.Details, "A check came late (an outage): the count is a lower bound, the duration an upper bound")
+		}
+		it.Details = append(it.Details, "Over at "+it.FiredAt)
+	} else {
+		it.Details = append(it.Details, "Fired at "+it.FiredAt)
+	}
 	ids := fmt.Sprintf("Project %s, rule %s, group %s", project(OneLine(n.ProjectName), n.ProjectID), n.RuleID, n.Event.GroupHash)
 	if n.Event.RepetitionID != nil && *n.Event.RepetitionID != "" {
 		ids += ", repetition " + *n.Event.RepetitionID
@@ -250,7 +310,20 @@ func summary(n Notification) string {
 		}
 		return s
 	}
+	if n.Type == TypeStormOver && n.Storm != nil {
+		return fmt.Sprintf("Storm over: %s, then below %d for %s", stormSize(n), n.Threshold, HumanDuration(ms(n.Period)))
+	}
 	return fmt.Sprintf("%s (threshold %d)", ShortSummary(n), n.Threshold)
+}
+
+// stormSize says how big a storm was: "240 events in 3 minutes 20
+// seconds", with "at least" and "at most" when a check came late.
+func stormSize(n Notification) string {
+	st := n.Storm
+	if st.Exact {
+		return fmt.Sprintf("%d %s in %s", st.Events, countNoun(Notification{Count: st.Events, CountBy: n.CountBy}), HumanDuration(ms(st.Duration)))
+	}
+	return fmt.Sprintf("at least %d %s in at most %s", st.Events, countNoun(Notification{Count: st.Events, CountBy: n.CountBy}), HumanDuration(ms(st.Duration)))
 }
 
 // ShortSummary says what fired in a few words, as a subject line does:
@@ -261,6 +334,11 @@ func ShortSummary(n Notification) string {
 		return "new event"
 	case TypeRegressed:
 		return "regressed after it was resolved"
+	case TypeStormOver:
+		if n.Storm != nil {
+			return "storm over: " + stormSize(n)
+		}
+		return "storm over"
 	}
 	s := fmt.Sprintf("%d %s", n.Count, countNoun(n))
 	if n.Period > 0 {

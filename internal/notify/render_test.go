@@ -283,3 +283,67 @@ func TestRenderShowsHistoryAndRegression(t *testing.T) {
 		t.Errorf("a notification without history shows history lines:\n%s", plain)
 	}
 }
+
+// A grouped message shows the event once, then every rule that fired for
+// it, named by its description (else its id), with what it saw.
+func TestRenderGrouped(t *testing.T) {
+	a := thresholdNotification()
+	a.ProjectName, a.RuleDescription, a.Event.URL = "Shop", "100 events in 1 minute", "https://hawk.example/e/11dabb"
+	b := a
+	b.ID, b.RuleID, b.RuleDescription = "n-2", "64ab00000000000000000002", ""
+	b.Type, b.Count, b.Windows = notify.TypeNew, 1, nil
+	v := notify.Render(&notify.Message{ID: "group-9", ProjectID: a.ProjectID, Grouped: true, Notifications: []notify.Notification{a, b}})
+	if want := "[Shop] TypeError: x is undefined — 2 rules fired"; v.Subject != want {
+		t.Errorf("Subject = %q, want %q", v.Subject, want)
+	}
+	lines := v.Lines()
+	want := []string{
+		"2 rules fired for one event in project Shop (5e3eef0679fa3700a0198a49)",
+		"",
+		"TypeError: x is undefined",
+		"View event: https://hawk.example/e/11dabb",
+		"",
+		"• 100 events in 1 minute — 150 events in the last 1 minute (threshold 100)",
+	}
+	if !slices.Equal(lines[:len(want)], want) {
+		t.Errorf("Lines start\n%s\nwant\n%s", strings.Join(lines[:len(want)], "\n"), strings.Join(want, "\n"))
+	}
+	text := v.Text()
+	for _, s := range []string{"• Rule 64ab00000000000000000002 — New event, seen for the first time", "Notification id n-1",
+		"Notification id n-2", "rule 64ab00000000000000000001", "Message id group-9"} {
+		if !strings.Contains(text, s) {
+			t.Errorf("grouped text lacks %q:\n%s", s, text)
+		}
+	}
+	if err := notify.CheckMessage(&notify.Message{ID: "x", Grouped: true, Digest: true, Notifications: []notify.Notification{a}}); err == nil {
+		t.Error("a message both grouped and a digest passed CheckMessage")
+	}
+}
+
+func TestRenderStormOver(t *testing.T) {
+	n := thresholdNotification()
+	start := firedAt.Add(-5 * time.Minute)
+	n.ID, n.Type, n.Count, n.CountBy, n.Windows = "o-1", notify.TypeStormOver, 240, "events", []notify.WindowStatus{}
+	n.Storm = &notify.Storm{FiringID: "n-1", StartedAt: start, QuietSince: firedAt.Add(-time.Minute),
+		Duration: (4 * time.Minute).Milliseconds(), Events: 240, Exact: true}
+	v := notify.Render(&notify.Message{ID: n.ID, Notifications: []notify.Notification{n}})
+	text := v.Text()
+	for _, want := range []string{
+		"Storm over: 240 events in 4 minutes, then below 100 for 1 minute",
+		"Storm from 2025-01-02T02:59:05Z to 2025-01-02T03:03:05Z: 240 events in 4 minutes",
+		"Below 100 events in 1 minute since 2025-01-02T03:03:05Z",
+		"Closes notification n-1", "Over at 2025-01-02T03:04:05Z", "Notification id o-1",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("no %q in\n%s", want, text)
+		}
+	}
+	if !strings.HasSuffix(v.Subject, "— storm over: 240 events in 4 minutes") || strings.Contains(text, "Fired at") {
+		t.Errorf("subject %q, text\n%s", v.Subject, text)
+	}
+	n.Storm.Exact = false
+	text = notify.Render(&notify.Message{ID: n.ID, Notifications: []notify.Notification{n}}).Text()
+	if !strings.Contains(text, "at least 240 events in at most 4 minutes") || !strings.Contains(text, "lower bound") {
+		t.Errorf("an inexact storm reads\n%s", text)
+	}
+}

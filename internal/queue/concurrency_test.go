@@ -412,3 +412,81 @@ func TestConcurrentFailuresLogOneOutage(t *testing.T) {
 		t.Errorf(`%d "handler recovered" for one outage, want 1`, k)
 	}
 }
+
+// InOrder: batches done while an older one is still in its handler are
+// not acked before it, so the broker, its prefetch full, sends nothing
+// more; once the older one returns, all are settled and the rest flows,
+// each message acked once.
+func TestInOrderAcksWaitForTheOlderBatch(t *testing.T) {
+	b, pub, q := declaredVia(t, "")
+	const n, prefetch = 30, 10
+	fill(t, pub, q, n)
+
+	l := newLedger()
+	release := make(chan struct{})
+	var younger atomic.Int64 // deliveries handled while tag 1 was held
+	var holding atomic.Bool
+	holding.Store(true)
+	_, r := startConsumer(t, queue.ConsumerConfig{
+		Queue: q, Prefetch: prefetch, MaxBatch: 2, Concurrency: 4, InOrder: true,
+	}, func(ctx context.Context, batch *queue.Batch) error {
+		if hasTag(batch, 1) {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				t.Errorf("held handler's context ended: %v", ctx.Err())
+			}
+		} else if holding.Load() {
+			younger.Add(int64(len(batch.Deliveries)))
+		}
+		l.record(batch, func(int) bool { return false })
+		return nil
+	})
+	// Everything the prefetch allows beyond the held batch is handled...
+	if !eventually(10*time.Second, func() bool { return younger.Load() == prefetch-2 }) {
+		t.Fatalf("handled %d deliveries behind the held batch, want %d", younger.Load(), prefetch-2)
+	}
+	// ...and none of it acked: an ack would free the prefetch for more. A
+	// bounded wait for something that must not happen.
+	time.Sleep(300 * time.Millisecond)
+	if got := younger.Load(); got != prefetch-2 {
+		t.Fatalf("handled %d deliveries behind the held batch, want %d: younger batches were acked first", got, prefetch-2)
+	}
+	holding.Store(false)
+	close(release)
+	if !eventually(15*time.Second, func() bool { return l.ackedCount() == n }) {
+		t.Fatalf("acked %d of %d after the release", l.ackedCount(), n)
+	}
+	r.stop(t, 10*time.Second)
+	l.exactlyOnce(t, n)
+	if len(l.redelivd) != 0 {
+		t.Errorf("redelivered %v, want none", l.redelivd)
+	}
+	b.waitReady(q, 0, 5*time.Second)
+}
+
+// InOrder and a graceful stop: batches done behind one given up on are
+// acked, not given back with it.
+func TestInOrderStopAcksTheDoneBehindAGivenUpBatch(t *testing.T) {
+	b, pub, q := declaredVia(t, "")
+	const n = 6
+	fill(t, pub, q, n)
+
+	var done atomic.Int64
+	_, r := startConsumer(t, queue.ConsumerConfig{
+		Queue: q, Prefetch: n, MaxBatch: 2, Concurrency: 2, InOrder: true, StopGrace: 50 * time.Millisecond,
+	}, func(ctx context.Context, batch *queue.Batch) error {
+		if hasTag(batch, 1) {
+			<-ctx.Done() // given up on when the stop grace ends
+			return ctx.Err()
+		}
+		done.Add(int64(len(batch.Deliveries)))
+		return nil
+	})
+	if !eventually(10*time.Second, func() bool { return done.Load() == n-2 }) {
+		t.Fatalf("handled %d deliveries behind the held batch, want %d", done.Load(), n-2)
+	}
+	r.stop(t, 10*time.Second)
+	// Only the given-up batch is back.
+	b.waitReady(q, 2, 5*time.Second)
+}

@@ -25,6 +25,12 @@ type ConsumerConfig struct {
 	// QueueType is the type the queue is declared with when it is missing
 	// [Classic]. An existing queue is used as it is, whatever its type.
 	QueueType Type
+	// Exchange, when set, names a consistent-hash exchange (HashExchangeType,
+	// durable, declared if missing) that the queue is bound to with weight 1
+	// each time the consumer subscribes: a queue deleted under a running
+	// worker comes back bound, and the exchange spreads its messages over
+	// the queues that some worker consumes.
+	Exchange string
 	// ConnectionName is shown in the broker's connection list [klaxon-consumer].
 	ConnectionName string
 	// Prefetch is the most deliveries the broker sends ahead of acks [1000].
@@ -43,6 +49,13 @@ type ConsumerConfig struct {
 	// the concurrency. Above 1, batches finish in any order, and the handler
 	// and Hooks.Batch are called from several goroutines at once.
 	Concurrency int
+	// InOrder settles batches in the order they were received, whatever
+	// the order their handlers return in: a batch done before an older one
+	// waits for it, and both go in one multiple-ack, where settling the
+	// younger first would take an ack frame per delivery (the broker's
+	// work doubles). For handlers whose batches take about the same time;
+	// a slow one holds the acks, and so the prefetch, of those behind it.
+	InOrder bool
 	// StopGrace is how long the handlers in flight may run once ctx is
 	// cancelled before their own context is cancelled too [5 s].
 	StopGrace time.Duration
@@ -90,6 +103,7 @@ type Batch struct {
 	ID int64
 
 	requeue []bool
+	done    bool // handled, waiting for older batches (InOrder)
 }
 
 // Requeue marks delivery i to be nacked with requeue rather than acked when
@@ -179,6 +193,9 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		cfg.Logger = slog.Default()
 	}
 	log := cfg.Logger.With("component", "amqp-consumer", "url", redactURL(cfg.URL), "queue", cfg.Queue)
+	if cfg.Exchange != "" {
+		log = log.With("exchange", cfg.Exchange)
+	}
 	return &Consumer{cfg: cfg, log: log, state: newConnState(log, cfg.Hooks.Connection)}, nil
 }
 
@@ -352,6 +369,11 @@ func (c *Consumer) subscribe(conn *amqp.Connection) (*session, error) {
 	if err := declareConsumed(conn, c.log, c.cfg.Queue, c.cfg.QueueType.with(c.cfg.QueueArgs)); err != nil {
 		return nil, err
 	}
+	if c.cfg.Exchange != "" {
+		if err := bindHashed(conn, c.cfg.Exchange, c.cfg.Queue); err != nil {
+			return nil, err
+		}
+	}
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("open channel: %w", err)
@@ -361,6 +383,7 @@ func (c *Consumer) subscribe(conn *amqp.Connection) (*session, error) {
 	}
 	s := newSession(ch) // watches for the close from before the first delivery
 	s.tag = c.cfg.ConnectionName + "-" + rand.Text()
+	s.inOrder = c.cfg.InOrder
 	s.deliveries, err = ch.Consume(c.cfg.Queue, s.tag, false, false, false, false, nil)
 	if err != nil {
 		return s, fmt.Errorf("consume queue %q: %w", c.cfg.Queue, err)
@@ -469,6 +492,7 @@ type session struct {
 	// in tag order (the order they were collected in).
 	mu       sync.Mutex
 	inflight []*Batch
+	inOrder  bool // ConsumerConfig.InOrder
 }
 
 func newSession(ch *amqp.Channel) *session {
@@ -608,7 +632,24 @@ func (s *session) track(b *Batch) {
 func (s *session) settle(b *Batch) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	oldest := len(s.inflight) > 0 && s.inflight[0] == b
+	if !s.inOrder {
+		oldest := len(s.inflight) > 0 && s.inflight[0] == b
+		return s.send(b, oldest)
+	}
+	// InOrder: settle the done batches at the head, oldest first, each
+	// then the oldest in flight.
+	b.done = true
+	for len(s.inflight) > 0 && s.inflight[0].done {
+		if err := s.send(s.inflight[0], true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// send settles b, with multiple flags if it is the oldest batch in flight,
+// and forgets it. s.mu is held.
+func (s *session) send(b *Batch, oldest bool) error {
 	for _, op := range planSettle(b.Deliveries, b.requeue, oldest) {
 		var err error
 		if op.ack {
@@ -646,8 +687,14 @@ func (s *session) stop(b *Batch, wait func()) error {
 		wait()
 	}
 	s.mu.Lock()
-	for _, ib := range s.inflight { // given up on when ctx ended
-		for _, d := range ib.Deliveries {
+	for _, ib := range slices.Clone(s.inflight) {
+		if ib.done { // handled, waiting behind one given up on (InOrder)
+			if err == nil {
+				err = s.send(ib, false)
+			}
+			continue
+		}
+		for _, d := range ib.Deliveries { // given up on when ctx ended
 			last = max(last, d.DeliveryTag)
 		}
 	}

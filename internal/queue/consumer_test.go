@@ -363,38 +363,65 @@ func TestReconnectAfterBrokerClosesConnection(t *testing.T) {
 }
 
 func TestConsumerRecoversWhenItsQueueIsDeleted(t *testing.T) {
-	b := newBroker(t)
-	q := b.queueName()
-	tr := &transitions{}
-	l := newLedger()
-	c, r := startConsumer(t, queue.ConsumerConfig{
-		Queue: q, Backoff: queue.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond},
-		Hooks: queue.Hooks{Connection: tr.hook},
-	}, func(_ context.Context, batch *queue.Batch) error {
-		l.record(batch, func(int) bool { return false })
-		return nil
-	})
-	if !eventually(10*time.Second, c.Connected) {
-		t.Fatal("consumer never connected")
+	// hashed: the queue is bound to a consistent-hash exchange, and must
+	// come back bound, or what is published there next is unroutable.
+	for _, hashed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("hashed=%t", hashed), func(t *testing.T) {
+			b := newBroker(t)
+			q := b.queueName()
+			ex := ""
+			if hashed {
+				ex = b.hashExchange()
+			}
+			tr := &transitions{}
+			l := newLedger()
+			log, logs := newLogger(t)
+			c, r := startConsumer(t, queue.ConsumerConfig{
+				Queue: q, Exchange: ex, Logger: log,
+				Backoff: queue.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond},
+				Hooks:   queue.Hooks{Connection: tr.hook},
+			}, func(_ context.Context, batch *queue.Batch) error {
+				l.record(batch, func(int) bool { return false })
+				return nil
+			})
+			if !eventually(10*time.Second, c.Connected) {
+				t.Fatal("consumer never connected")
+			}
+			ch := b.channel()
+			if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+				t.Fatal(err)
+			}
+			_ = ch.Close()
+			// The broker cancels the consumer; the Consumer starts over and declares the queue again.
+			if !eventually(10*time.Second, func() bool { return tr.reconnected() && c.Connected() }) {
+				t.Fatalf("transitions %v; want up, down, up", tr.get())
+			}
+			if b.ready(q) != 0 {
+				t.Fatal("queue not declared again")
+			}
+			pub := newPublisher(t, queue.PublisherConfig{})
+			if hashed {
+				var msgs []queue.Message
+				for i := range 3 {
+					msgs = append(msgs, queue.Message{Exchange: ex, RoutingKey: fmt.Sprint("k", i), MessageID: fmt.Sprintf("m%d", i), Body: []byte("{}")})
+				}
+				if err := pub.Publish(t.Context(), msgs...); err != nil {
+					t.Fatalf("publish to the exchange after the queue came back: %v", err)
+				}
+			} else {
+				fill(t, pub, q, 3)
+			}
+			if !eventually(10*time.Second, func() bool { return l.ackedCount() == 3 }) {
+				t.Fatalf("acked %d of 3", l.ackedCount())
+			}
+			r.stop(t, 10*time.Second)
+			for _, want := range []string{"broker cancelled consumer", "declared the missing queue"} {
+				if !strings.Contains(logs.String(), want) {
+					t.Errorf("log lacks %q", want)
+				}
+			}
+		})
 	}
-	ch := b.channel()
-	if _, err := ch.QueueDelete(q, false, false, false); err != nil {
-		t.Fatal(err)
-	}
-	_ = ch.Close()
-	// The broker cancels the consumer; the Consumer starts over and declares the queue again.
-	if !eventually(10*time.Second, func() bool { return tr.reconnected() && c.Connected() }) {
-		t.Fatalf("transitions %v; want up, down, up", tr.get())
-	}
-	if b.ready(q) != 0 {
-		t.Fatal("queue not declared again")
-	}
-	pub := newPublisher(t, queue.PublisherConfig{})
-	fill(t, pub, q, 3)
-	if !eventually(10*time.Second, func() bool { return l.ackedCount() == 3 }) {
-		t.Fatalf("acked %d of 3", l.ackedCount())
-	}
-	r.stop(t, 10*time.Second)
 }
 
 // The incoming queue may exist already, made by Hawk (classic, no

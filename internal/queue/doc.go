@@ -59,6 +59,15 @@
 //     (Type) is an argument like the others, added only for quorum: a
 //     classic declaration is byte for byte what earlier versions sent.
 //
+//   - A consumer with an Exchange binds its queue to that consistent-hash
+//     exchange (x-consistent-hash, weight 1) on every connection, after
+//     declaring both if missing: binding is tied to consuming, so a queue
+//     deleted under a running worker comes back bound, and the exchange
+//     spreads messages only over queues some worker has consumed. The
+//     exchange type is a plugin RabbitMQ ships disabled; without it the
+//     broker closes the connection with COMMAND_INVALID, reported as
+//     ErrNoHashExchange with the command that enables it.
+//
 // Credentials never reach the logs: URLs are logged without their user info
 // (scheme, host and vhost only), and an unparsable URL is reported without
 // its text.

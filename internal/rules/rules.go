@@ -58,6 +58,9 @@ type Spec struct {
 	Windows         []WindowSpec           `json:"windows,omitempty" yaml:"windows" bson:"windows"`
 	CountBy         string                 `json:"countBy,omitempty" yaml:"countBy" bson:"countBy"`
 	Cooldown        int64                  `json:"cooldown,omitempty" yaml:"cooldown" bson:"cooldown"`
+	// StormOver asks for a "storm over" message after a SEEN_MORE firing
+	// (package storm); nil leaves it to KLAXON_STORM_OVER.
+	StormOver *bool `json:"stormOver,omitempty" yaml:"stormOver" bson:"stormOver"`
 }
 
 // WindowSpec is one sliding window: Threshold events within Period ms.
@@ -98,10 +101,33 @@ type Rule struct {
 	Cooldown time.Duration
 	// Channels are the enabled destinations, in ChannelNames order.
 	Channels []Channel
+	// StormOver says whether the rule asked for "storm over" messages:
+	// Unset when it did not say (KLAXON_STORM_OVER decides).
+	StormOver Choice
 	// Version changes whenever what the counter keeps for the rule would
 	// change meaning (window periods, countBy), so such an edit starts fresh
 	// counters; a threshold or cooldown edit keeps them.
 	Version string
+}
+
+// Choice is a rule's yes or no to an optional behaviour, or no word.
+type Choice int8
+
+const (
+	Unset Choice = iota // the rule did not say
+	No
+	Yes
+)
+
+// WantsStormOver says whether the rule gets "storm over" messages, with
+// all the setting that turns them on for every rule that did not say. Only
+// SEEN_MORE rules counting events can: a storm of users leaves no history
+// of when each user came (countBy users keeps a user's last time only).
+func (r *Rule) WantsStormOver(all bool) bool {
+	if r.OnlyNew || r.Users {
+		return false
+	}
+	return r.StormOver == Yes || r.StormOver == Unset && all
 }
 
 // Window is a sliding window: the rule fires when Threshold matching events
@@ -289,6 +315,19 @@ func (l Limits) Compile(projectID string, s Spec) (*Rule, []string, error) {
 	}
 	if len(r.Channels) == 0 {
 		warnings = append(warnings, "no enabled channel: the rule counts but notifies nobody")
+	}
+	if s.StormOver != nil {
+		r.StormOver = No
+		if *s.StormOver {
+			r.StormOver = Yes
+		}
+		switch {
+		case !*s.StormOver:
+		case r.OnlyNew:
+			warnings = append(warnings, "stormOver applies to SEEN_MORE rules only: ignored")
+		case r.Users:
+			warnings = append(warnings, "stormOver is not supported with countBy users (a user's earlier times are not kept): ignored")
+		}
 	}
 	r.Version = version(r)
 	r.Description = describe(r)

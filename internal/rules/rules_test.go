@@ -266,3 +266,35 @@ func TestExplainAgreesWithMatches(t *testing.T) {
 		}
 	}
 }
+
+func TestStormOverChoice(t *testing.T) {
+	yes, no := true, false
+	seen := func(s *bool, countBy string) Spec {
+		return Spec{ID: "r", IsEnabled: true, WhatToReceive: SeenMore, Threshold: 5, ThresholdPeriod: 1000, CountBy: countBy,
+			StormOver: s, Channels: hook()}
+	}
+	for _, c := range []struct {
+		name       string
+		spec       Spec
+		alone, all bool // wanted without and with KLAXON_STORM_OVER
+		warning    string
+	}{
+		{"unsaid", seen(nil, ""), false, true, ""},
+		{"on", seen(&yes, ""), true, true, ""},
+		{"off", seen(&no, ""), false, false, ""},
+		{"users", seen(&yes, CountUsers), false, false, "not supported with countBy users"},
+		{"users unsaid", seen(nil, CountUsers), false, false, ""},
+		{"only new", Spec{ID: "r", IsEnabled: true, WhatToReceive: OnlyNew, StormOver: &yes, Channels: hook()}, false, false, "SEEN_MORE rules only"},
+	} {
+		r, warnings, err := Compile("p", c.spec)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if r.WantsStormOver(false) != c.alone || r.WantsStormOver(true) != c.all {
+			t.Errorf("%s: wants %t alone, %t with the setting; want %t, %t", c.name, r.WantsStormOver(false), r.WantsStormOver(true), c.alone, c.all)
+		}
+		if got := strings.Join(warnings, "; "); c.warning == "" && got != "" || !strings.Contains(got, c.warning) {
+			t.Errorf("%s: warnings %q, want %q", c.name, got, c.warning)
+		}
+	}
+}

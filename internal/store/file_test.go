@@ -46,6 +46,7 @@ const mixedFile = `
     whatToReceive: SEEN_MORE
     threshold: 100
     thresholdPeriod: 6e4
+    stormOver: true
     including: [TypeError, "ReferenceError"]
     channels:
       webhook: {isEnabled: true, endpoint: "http://127.0.0.1:8080/hook?key=s3cr3t-T0KEN", minPeriod: 0}
@@ -116,6 +117,9 @@ func TestFileSource(t *testing.T) {
 	}
 	if w := a[0].Windows; len(w) != 1 || w[0] != (rules.Window{Threshold: 100, Period: time.Minute}) {
 		t.Errorf("rule-1 windows %+v", w)
+	}
+	if a[0].StormOver != rules.Yes || a[1].StormOver != rules.Unset {
+		t.Errorf("stormOver %v, %v; want yes, and unset where the rule does not say", a[0].StormOver, a[1].StormOver)
 	}
 	if !a[0].Matches("a referenceerror", false) || a[0].Matches("other", false) {
 		t.Error("rule-1 including not applied")

@@ -167,6 +167,7 @@ func hawkProjects(t *testing.T) []any {
 					}},
 					{Key: "countBy", Value: "users"},
 					{Key: "cooldown", Value: int64(120000)},
+					{Key: "stormOver", Value: false},
 					{Key: "channels", Value: bson.D{{Key: "webhook", Value: channel("http://x/"+secret, int32(30))}}},
 				},
 				bson.D{
@@ -249,7 +250,8 @@ func TestMongoSourceHawkDocuments(t *testing.T) {
 	}
 	w := b[0]
 	wantWindows := []rules.Window{{Threshold: 20, Period: time.Minute}, {Threshold: 5, Period: 3 * time.Second}}
-	if !slices.Equal(w.Windows, wantWindows) || !w.Users || w.Cooldown != 2*time.Minute || w.Channels[0].MinPeriod != 30*time.Second {
+	if !slices.Equal(w.Windows, wantWindows) || !w.Users || w.Cooldown != 2*time.Minute || w.Channels[0].MinPeriod != 30*time.Second ||
+		w.StormOver != rules.No {
 		t.Errorf("windows rule: %+v", w)
 	}
 	for _, p := range []string{projectEmpty, projectNone, "000000000000000000000000"} {

@@ -14,11 +14,51 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Cluster is a Redis Cluster of the test's own: three masters, no replicas,
+// ClusterEnv names an existing Redis Cluster to test against
+// (comma-separated addresses); unset, Cluster starts one.
+const ClusterEnv = "KLAXON_TEST_REDIS_CLUSTER"
+
+// Cluster returns a client of the cluster named by KLAXON_TEST_REDIS_CLUSTER,
+// or of a 3-master cluster of redis-server processes of the test's own
+// (StartCluster), stopped when it ends, once every node serves every slot.
+func Cluster(t testing.TB) *redis.ClusterClient {
+	t.Helper()
+	addrs := strings.Split(os.Getenv(ClusterEnv), ",")
+	if addrs[0] == "" {
+		addrs = StartCluster(t).Addrs
+	}
+	ctx := context.Background()
+	// Every node must see every slot served before the first command, or
+	// one may still answer CLUSTERDOWN.
+	deadline := time.Now().Add(30 * time.Second)
+	for _, addr := range addrs {
+		node := redis.NewClient(&redis.Options{Addr: addr})
+		for {
+			info, err := node.ClusterInfo(ctx).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_slots_ok:16384") {
+				break
+			}
+			if time.Now().After(deadline) {
+				node.Close()
+				t.Fatalf("Redis Cluster node %s not ready: %v %q", addr, err, info)
+			}
+			time.Sleep(100 * time.Millisecond) // polling a condition with a deadline
+		}
+		node.Close()
+	}
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { rdb.Close() })
+	if err := rdb.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return c.Ping(ctx).Err() }); err != nil {
+		t.Fatalf("Redis Cluster %v: %v", addrs, err)
+	}
+	return rdb
+}
+
+// LocalCluster is a Redis Cluster of the test's own: three masters, no replicas,
 // each a redis-server process on a free port of 127.0.0.1, stopped when the
 // test ends. Reshard moves slots between them with redis-cli, as an
 // operator would.
-type Cluster struct {
+type LocalCluster struct {
 	t     testing.TB
 	dir   string
 	Addrs []string
@@ -26,7 +66,7 @@ type Cluster struct {
 
 // StartCluster starts the cluster and returns once every node sees every
 // slot served.
-func StartCluster(t testing.TB) *Cluster {
+func StartCluster(t testing.TB) *LocalCluster {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -35,7 +75,7 @@ func StartCluster(t testing.TB) *Cluster {
 	if _, err := exec.LookPath("redis-cli"); err != nil {
 		t.Fatalf("testenv: redis-cli not found (scripts/services.sh installs it): %v", err)
 	}
-	c := &Cluster{t: t, dir: t.TempDir()}
+	c := &LocalCluster{t: t, dir: t.TempDir()}
 	s := &Sentinel{t: t, dir: c.dir, bin: bin} // for spawn and waitFor
 	for i := range 3 {
 		port := freePort(t)
@@ -56,7 +96,7 @@ func StartCluster(t testing.TB) *Cluster {
 
 // waitStable waits until every node says the cluster is ok with every slot
 // served, and no slot is migrating or importing.
-func (c *Cluster) waitStable() {
+func (c *LocalCluster) waitStable() {
 	c.t.Helper()
 	s := &Sentinel{t: c.t, dir: c.dir}
 	for _, addr := range c.Addrs {
@@ -71,7 +111,7 @@ func (c *Cluster) waitStable() {
 }
 
 // nodeIDs returns the node id of each address, in Addrs order.
-func (c *Cluster) nodeIDs(ctx context.Context) ([]string, error) {
+func (c *LocalCluster) nodeIDs(ctx context.Context) ([]string, error) {
 	ids := make([]string, len(c.Addrs))
 	for i, addr := range c.Addrs {
 		node := redis.NewClient(&redis.Options{Addr: addr})
@@ -86,7 +126,7 @@ func (c *Cluster) nodeIDs(ctx context.Context) ([]string, error) {
 }
 
 // Slots returns the slots node i serves, in order.
-func (c *Cluster) Slots(i int) []int {
+func (c *LocalCluster) Slots(i int) []int {
 	c.t.Helper()
 	node := redis.NewClient(&redis.Options{Addr: c.Addrs[i]})
 	defer node.Close()
@@ -113,7 +153,7 @@ func (c *Cluster) Slots(i int) []int {
 // refuses: it is asked again for up to 10 s. It returns what redis-cli
 // printed and its error, so that a caller running it on a goroutine
 // reports it itself.
-func (c *Cluster) Reshard(ctx context.Context, from, to, n int) (string, error) {
+func (c *LocalCluster) Reshard(ctx context.Context, from, to, n int) (string, error) {
 	ids, err := c.nodeIDs(ctx)
 	if err != nil {
 		return "", err
@@ -137,7 +177,7 @@ func (c *Cluster) Reshard(ctx context.Context, from, to, n int) (string, error) 
 // waitAgreed waits, for up to 10 s, until every node tells the same owner
 // of every slot: moving the same slots again before the last move reached
 // every node can leave a slot with no owner (seen with Redis 7.0).
-func (c *Cluster) waitAgreed(ctx context.Context) error {
+func (c *LocalCluster) waitAgreed(ctx context.Context) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var first, last string

@@ -12,6 +12,8 @@ func TestDecodeJobRefusesBadJobs(t *testing.T) {
 		`{"channel":"slack","endpoint":"https://x/","projectId":"p"}`:                                      "lacks",
 		`{"channel":"pager-` + strings.Repeat("x", 100) + `","endpoint":"e","projectId":"p","ruleId":"r"}`: "is not one of [email telegram slack webhook loop]",
 		`{"channel":"slack","endpoint":"e","projectId":"p","ruleId":"r","notification":{}}`:                "no id",
+		`{"channel":"slack","endpoint":"e","projectId":"p","firings":[{"ruleId":"r"}]}`:                    "without ruleId or notification id",
+		`{"channel":"slack","endpoint":"e","projectId":"p","firings":[{"notification":{"id":"n"}}]}`:       "without ruleId or notification id",
 	} {
 		_, err := DecodeJob([]byte(body))
 		if err == nil || !strings.Contains(err.Error(), want) {
@@ -23,6 +25,24 @@ func TestDecodeJobRefusesBadJobs(t *testing.T) {
 	}
 	if _, err := DecodeJob([]byte(`{"channel":"webhook","endpoint":"e","projectId":"p","ruleId":"r"}`)); err != nil {
 		t.Errorf("a good flush job: %v", err)
+	}
+}
+
+// A grouped job needs no ruleId of its own; its key names the set of its
+// firings, whatever their order, and each firing keeps its own key.
+func TestGroupedJob(t *testing.T) {
+	j, err := DecodeJob([]byte(`{"channel":"webhook","endpoint":"e","projectId":"p","firings":[` +
+		`{"ruleId":"a","notification":{"id":"n1"}},{"ruleId":"b","minPeriod":60000,"notification":{"id":"n2"}}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	swapped := j
+	swapped.Firings = []Firing{j.Firings[1], j.Firings[0]}
+	if j.Key() != swapped.Key() || !strings.HasPrefix(j.Key(), "group-") || !strings.HasSuffix(j.Key(), ":webhook") {
+		t.Errorf("keys %q and %q: want one group key whatever the order", j.Key(), swapped.Key())
+	}
+	if one := j.Single(1); one.RuleID != "b" || one.MinPeriod != 60000 || one.Key() != "n2:webhook" {
+		t.Errorf("Single(1) = %+v, key %q", one, one.Key())
 	}
 }
 

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"slices"
+	"strconv"
 	"time"
 )
 
@@ -12,6 +13,14 @@ const ErrorHeader = "x-klaxon-error"
 // DeadQueue is the queue of poison messages taken from the incoming queue
 // (§2.3): <queue>.dead.
 func DeadQueue(queue string) string { return queue + ".dead" }
+
+// HashedQueue is hashed incoming queue i of n (KLAXON_QUEUE_SHARDS):
+// <queue>.<i>, bound to HashExchange(queue).
+func HashedQueue(queue string, i int) string { return queue + "." + strconv.Itoa(i) }
+
+// HashExchange is the consistent-hash exchange that spreads incoming events
+// over the hashed queues by their routing key, the groupHash: <queue>.hash.
+func HashExchange(queue string) string { return queue + ".hash" }
 
 // DeliveryQueue is the queue of delivery jobs (§6): <prefix>.deliveries.
 func DeliveryQueue(prefix string) string { return prefix + ".deliveries" }

@@ -235,7 +235,7 @@ const (
 
 func (n *Notifier) compose(m *notify.Message) (*gomail.Message, error) {
 	v := notify.Render(m)
-	if m.Digest {
+	if m.Digest || m.Grouped {
 		v = bounded(v)
 	}
 	var html bytes.Buffer
@@ -261,13 +261,14 @@ func (n *Notifier) compose(m *notify.Message) (*gomail.Message, error) {
 	return gm, nil
 }
 
-// bounded shortens a digest's view to at most maxDigestItems firings of
+// bounded shortens a digest's or grouped message's view to at most maxDigestItems firings of
 // short lines; the view's More line says how many more there were.
 func bounded(v notify.View) notify.View {
 	v = v.Limit(maxDigestItems)
 	items := make([]notify.Item, len(v.Items))
 	for i, it := range v.Items {
 		it.Title = notify.Truncate(it.Title, maxLine)
+		it.Rule = notify.Truncate(it.Rule, maxLine)
 		details := make([]string, len(it.Details))
 		for j, d := range it.Details {
 			details[j] = notify.Truncate(d, maxLine)
@@ -276,6 +277,7 @@ func bounded(v notify.View) notify.View {
 		items[i] = it
 	}
 	v.Items = items
+	v.Title = notify.Truncate(v.Title, maxLine)
 	return v
 }
 
@@ -525,10 +527,13 @@ const pageHTML = `<!DOCTYPE html>
 {{- if .Header}}
 <h2>{{.Header}}</h2>
 {{- end}}
+{{- if .Grouped}}
+<p><strong>{{.Title}}</strong>{{with .URL}} · <a href="{{.}}">View event</a>{{end}}</p>
+{{- end}}
 {{- range .Items}}
-<h3 style="margin-bottom: 0">{{.Title}}</h3>
+<h3 style="margin-bottom: 0">{{if $.Grouped}}{{.Rule}}{{else}}{{.Title}}{{end}}</h3>
 <p style="margin-top: 4px"><strong>{{.Summary}}</strong>
-{{- with .URL}} · <a href="{{.}}">View event</a>{{end}}</p>
+{{- if not $.Grouped}}{{with .URL}} · <a href="{{.}}">View event</a>{{end}}{{end}}</p>
 <ul style="color: #555">
 {{- range .Details}}
 <li>{{.}}</li>

@@ -534,3 +534,35 @@ func TestRecipientsAreBlindBoundedAndNeverInErrors(t *testing.T) {
 		t.Errorf("a malformed recipient: %v", err)
 	}
 }
+
+// A grouped message names every rule with what it saw, in both parts.
+func TestGroupedNamesEveryRule(t *testing.T) {
+	srv := notifytest.NewSMTPServer(t, notifytest.SMTPOptions{})
+	n := newNotifier(t, email.Config{Addr: srv.Addr, TLS: email.TLSNone})
+	if _, err := n.Notify(context.Background(), "dev@example.com", notifytest.Grouped(nastyTitle, firedAt)); err != nil {
+		t.Fatal(err)
+	}
+	m := onlyMessage(t, srv)
+	msg, err := m.Parse()
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject, _ := new(mime.WordDecoder).DecodeHeader(msg.Header.Get("Subject"))
+	if want := "[Klaxon] [Shop] " + nastyTitle + " — 3 rules fired"; subject != want || msg.Header.Get("X-Klaxon-Notification-Id") != "group-1" {
+		t.Errorf("Subject %q, id %q; want %q, group-1", subject, msg.Header.Get("X-Klaxon-Notification-Id"), want)
+	}
+	parts, err := m.Parts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for part, wants := range map[string][]string{
+		"text/plain": {"• 100 events in 1 minute — 150 events", "• new errors — New event", "• Rule 64ab00000000000000000003 — ", "Message id group-1"},
+		"text/html":  {"<h3 style=\"margin-bottom: 0\">100 events in 1 minute</h3>", ">new errors</h3>", ">Rule 64ab00000000000000000003</h3>", "&lt;b&gt;&amp;*_[x]"},
+	} {
+		for _, want := range wants {
+			if !strings.Contains(parts[part], want) {
+				t.Errorf("%s lacks %q:\n%s", part, want, parts[part])
+			}
+		}
+	}
+}

@@ -86,6 +86,9 @@ func (n *Notifier) Notify(ctx context.Context, webhookURL string, m *notify.Mess
 // post, then how many more there were), and its footer.
 func Text(m *notify.Message) string {
 	v := notify.Render(m)
+	if m.Grouped {
+		return groupedText(v)
+	}
 	if !m.Digest {
 		it := v.Items[0]
 		details := make([]string, len(it.Details))
@@ -110,6 +113,37 @@ func Text(m *notify.Message) string {
 			continue
 		}
 		break
+	}
+	if more := v.Limit(shown).More(); more != "" {
+		b.WriteString("\n\n" + escape(more))
+	}
+	b.WriteString("\n" + footer)
+	return b.String()
+}
+
+// groupedText shows the event once, then each rule's firing: the rule and
+// what it saw, and its details in a code block; as many as fit in a post,
+// then how many more there were.
+func groupedText(v notify.View) string {
+	var b strings.Builder
+	b.WriteString("**" + escape(v.Header) + "**\n" + code(notify.Truncate(v.Title, maxTitle)) + link(v.URL, " · ") + "\n")
+	footer := "\n" + escape(v.Footer)
+	room := maxText - utf8.RuneCountInString(footer) - 64 // and an "… and N more" line
+	used := utf8.RuneCountInString(b.String())
+	shown := 0
+	for _, it := range v.Items {
+		details := make([]string, len(it.Details))
+		for i, d := range it.Details {
+			details[i] = notify.Truncate(d, maxDetail)
+		}
+		part := "\n- " + code(notify.Truncate(it.Rule, maxDigestTitle)) + " — " + escape(it.Summary) + "\n" + fence(details)
+		n := utf8.RuneCountInString(part)
+		if used+n > room {
+			break
+		}
+		b.WriteString(part)
+		used += n
+		shown++
 	}
 	if more := v.Limit(shown).More(); more != "" {
 		b.WriteString("\n\n" + escape(more))

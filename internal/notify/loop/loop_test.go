@@ -226,3 +226,22 @@ func TestGuardedClient(t *testing.T) {
 		t.Errorf("307: Notify = %t, %v after %d followed; want a permanent 307", retry, err, followed.Load())
 	}
 }
+
+// A grouped message names every rule with what it saw, the event once.
+func TestGroupedNamesEveryRule(t *testing.T) {
+	srv := notifytest.NewLoopServer(t)
+	if _, err := (&loop.Notifier{}).Notify(t.Context(), srv.URL, notifytest.Grouped("TypeError: x", firedAt)); err != nil {
+		t.Fatal(err)
+	}
+	text := onlyRequest(t, srv).Text
+	for _, want := range []string{"**3 rules fired for one event in project Shop \\(5e3eef0679fa3700a0198a49\\)**\n`TypeError: x`",
+		"- `100 events in 1 minute` — 150 events", "- `new errors` — New event", "- `Rule 64ab00000000000000000003` — ",
+		"Notification id n-b", "Message id group-1"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("text lacks %q:\n%s", want, text)
+		}
+	}
+	if strings.Count(text, "`TypeError: x`") != 1 {
+		t.Errorf("the event's title is not shown once:\n%s", text)
+	}
+}

@@ -26,3 +26,17 @@ func Threshold(id, title string, firedAt time.Time) notify.Notification {
 func Single(n notify.Notification) *notify.Message {
 	return &notify.Message{ID: n.ID, ProjectID: n.ProjectID, RuleID: n.RuleID, Notifications: []notify.Notification{n}}
 }
+
+// Grouped is the message of three rules of one project firing for one
+// event (a threshold, a new event, a second threshold), each rule with its
+// description, for tests of the channels.
+func Grouped(title string, firedAt time.Time) *notify.Message {
+	a := Threshold("n-a", title, firedAt)
+	a.ProjectName, a.RuleDescription = "Shop", "100 events in 1 minute"
+	b := a
+	b.ID, b.RuleID, b.RuleDescription = "n-b", "64ab00000000000000000002", "new errors"
+	b.Type, b.Count, b.Threshold, b.Period, b.Windows = notify.TypeNew, 1, 0, 0, []notify.WindowStatus{}
+	c := a
+	c.ID, c.RuleID, c.RuleDescription = "n-c", "64ab00000000000000000003", ""
+	return &notify.Message{ID: "group-1", ProjectID: a.ProjectID, Grouped: true, Notifications: []notify.Notification{a, b, c}}
+}

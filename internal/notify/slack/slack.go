@@ -72,9 +72,12 @@ func (n *Notifier) Notify(ctx context.Context, webhookURL string, m *notify.Mess
 func payload(m *notify.Message) *slackapi.WebhookMessage {
 	v := notify.Render(m)
 	var blocks []slackapi.Block
-	if m.Digest {
+	switch {
+	case m.Grouped:
+		blocks = groupedBlocks(v)
+	case m.Digest:
 		blocks = digestBlocks(v)
-	} else {
+	default:
 		it := v.Items[0]
 		blocks = []slackapi.Block{
 			section(code(notify.Truncate(it.Title, maxTitle)) + "\n" + escape(it.Summary) + link(it.URL, " · ")),
@@ -96,6 +99,10 @@ func payload(m *notify.Message) *slackapi.WebhookMessage {
 // an event or a rule sits in code spans, shown as typed and never linked;
 // the rest is Klaxon's own wording, escaped.
 func text(m *notify.Message, v notify.View) string {
+	if m.Grouped {
+		return code(notify.Truncate(v.Title, notify.SubjectTitle)) + " — " +
+			escape(fmt.Sprintf("%d rules fired", len(v.Items)))
+	}
 	if !m.Digest {
 		n := m.Notifications[0]
 		return code(notify.Truncate(v.Items[0].Title, notify.SubjectTitle)) + " — " + escape(notify.ShortSummary(n))
@@ -137,6 +144,31 @@ func digestBlocks(v notify.View) []slackapi.Block {
 	}
 	if cur.Len() > 0 {
 		blocks = append(blocks, section(cur.String()))
+	}
+	if more := v.Limit(shown).More(); more != "" {
+		blocks = append(blocks, contextBlock(escape(more)))
+	}
+	return append(blocks, contextBlock(escape(v.Footer)))
+}
+
+// groupedBlocks shows the event once, then each rule's firing as a section
+// (the rule and what it saw) and a context block (its details), as many as
+// Slack's 50 blocks hold; what does not fit is counted.
+func groupedBlocks(v notify.View) []slackapi.Block {
+	blocks := []slackapi.Block{
+		section("*" + escape(v.Header) + "*"),
+		section(code(notify.Truncate(v.Title, maxTitle)) + link(v.URL, " · ")),
+	}
+	const room = maxBlocks - 2 // "and N more", footer
+	shown := 0
+	for _, it := range v.Items {
+		if len(blocks)+2 > room {
+			break
+		}
+		blocks = append(blocks,
+			section("• "+code(notify.Truncate(it.Rule, maxDigestTitle))+" — "+escape(it.Summary)),
+			contextBlock(escape(strings.Join(it.Details, "\n"))))
+		shown++
 	}
 	if more := v.Limit(shown).More(); more != "" {
 		blocks = append(blocks, contextBlock(escape(more)))

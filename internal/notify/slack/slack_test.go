@@ -359,3 +359,24 @@ func TestTextIsAsSafeAsBlocks(t *testing.T) {
 		t.Errorf("digest text %q\nwant %q", r.Text, wantDigest)
 	}
 }
+
+// A grouped message names every rule with what it saw, the event once.
+func TestGroupedNamesEveryRule(t *testing.T) {
+	srv := notifytest.NewSlackServer(t)
+	if _, err := slack.New(nil).Notify(context.Background(), srv.URL, notifytest.Grouped(nastyTitle, firedAt)); err != nil {
+		t.Fatal(err)
+	}
+	r := onlyRequest(t, srv)
+	all := strings.Join(blockTexts(r), "\n")
+	for _, want := range []string{"*3 rules fired for one event in project Shop (5e3eef0679fa3700a0198a49)*",
+		"• `100 events in 1 minute` — 150 events in the last 1 minute (threshold 100)",
+		"• `new errors` — New event, seen for the first time", "• `Rule 64ab00000000000000000003` — ",
+		"Notification id n-a", "Notification id n-c", "Message id group-1"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("blocks lack %q:\n%s", want, all)
+		}
+	}
+	if strings.Count(all, "&lt;b&gt;&amp;*_[x]") != 1 || !strings.Contains(r.Text, "3 rules fired") {
+		t.Errorf("the title is not shown once, escaped, or the text %q does not say how many rules fired:\n%s", r.Text, all)
+	}
+}

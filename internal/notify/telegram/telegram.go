@@ -267,6 +267,9 @@ func (d *contextDoer) Do(req *http.Request) (*http.Response, error) {
 // as many as fit in one message, then how many more there were.
 func Text(m *notify.Message) string {
 	v := notify.Render(m)
+	if m.Grouped {
+		return groupedText(v)
+	}
 	if !m.Digest {
 		it := v.Items[0]
 		lines := []string{"<b>" + escape(notify.Truncate(it.Title, maxTitle)) + "</b>", escape(it.Summary) + link(it.URL, " · "), ""}
@@ -296,6 +299,35 @@ func Text(m *notify.Message) string {
 		b.WriteString("\n" + escape(more))
 	}
 	b.WriteString("\n" + footer)
+	return b.String()
+}
+
+// groupedText shows the event once, then each rule's firing with its
+// details, as many as fit in one message, then how many more there were.
+func groupedText(v notify.View) string {
+	var b strings.Builder
+	b.WriteString("<b>" + escape(v.Header) + "</b>\n\n<b>" + escape(notify.Truncate(v.Title, maxTitle)) + "</b>" + link(v.URL, " · ") + "\n")
+	footer := "\n" + escape(v.Footer)
+	room := maxText - utf16Len(footer) - 64 // and an "… and N more" line
+	used := utf16Len(b.String())
+	shown := 0
+	for _, it := range v.Items {
+		part := "\n• <b>" + escape(notify.Truncate(it.Rule, 200)) + "</b> — " + escape(it.Summary)
+		for _, d := range it.Details {
+			part += "\n" + escape(notify.Truncate(d, maxDetail))
+		}
+		part += "\n"
+		if used+utf16Len(part) > room {
+			break
+		}
+		b.WriteString(part)
+		used += utf16Len(part)
+		shown++
+	}
+	if more := v.Limit(shown).More(); more != "" {
+		b.WriteString("\n" + escape(more) + "\n")
+	}
+	b.WriteString(footer)
 	return b.String()
 }
 

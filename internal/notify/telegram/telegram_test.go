@@ -398,3 +398,21 @@ func TestChatAllowlist(t *testing.T) {
 		t.Errorf("no allowlist: %v", err)
 	}
 }
+
+// A grouped message names every rule with what it saw, the event once.
+func TestGroupedNamesEveryRule(t *testing.T) {
+	srv := notifytest.NewTelegramServer(t, token)
+	if _, err := newNotifier(t, srv.URL).Notify(context.Background(), "-100123", notifytest.Grouped("TypeError: x", firedAt)); err != nil {
+		t.Fatal(err)
+	}
+	r := onlyRequest(t, srv)
+	for _, want := range []string{"3 rules fired for one event in project Shop", "100 events in 1 minute — 150 events in the last 1 minute",
+		"new errors — New event", "Rule 64ab00000000000000000003 — ", "Notification id n-c", "Message id group-1"} {
+		if !strings.Contains(r.Visible, want) {
+			t.Errorf("text lacks %q:\n%s", want, r.Visible)
+		}
+	}
+	if strings.Count(r.Visible, "TypeError: x") != 1 {
+		t.Errorf("the event's title is not shown once:\n%s", r.Visible)
+	}
+}

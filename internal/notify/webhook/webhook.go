@@ -35,9 +35,26 @@ func (n *Notifier) Notify(ctx context.Context, url string, m *notify.Message) (r
 	return notify.PostJSON(ctx, n.Client, Name, url, header, Body(m))
 }
 
-// Body is the JSON body for m: the notification itself, or a notify.Digest.
-// Lists are never null and times are UTC, so receivers need no special cases.
+// Body is the JSON body for m: the notification itself, a notify.Digest or
+// a notify.Grouped. Lists are never null and times are UTC, so receivers
+// need no special cases.
 func Body(m *notify.Message) any {
+	if m.Grouped {
+		g := notify.Grouped{
+			Version:       notify.BodyVersion,
+			Type:          notify.TypeGrouped,
+			ID:            m.ID,
+			ProjectID:     m.ProjectID,
+			ProjectName:   m.Notifications[0].ProjectName,
+			RuleIDs:       make([]string, len(m.Notifications)),
+			Event:         m.Notifications[0].Event,
+			Notifications: make([]notify.Notification, len(m.Notifications)),
+		}
+		for i, n := range m.Notifications {
+			g.RuleIDs[i], g.Notifications[i] = n.RuleID, normalize(n)
+		}
+		return g
+	}
 	if !m.Digest {
 		n := normalize(m.Notifications[0])
 		n.Version = notify.BodyVersion

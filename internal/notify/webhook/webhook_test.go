@@ -65,7 +65,7 @@ func TestThresholdBody(t *testing.T) {
 		}
 	}
 	want := map[string]any{
-		"version": "3", "id": "n-1", "type": "threshold", "projectId": n.ProjectID, "ruleId": n.RuleID,
+		"version": "4", "id": "n-1", "type": "threshold", "projectId": n.ProjectID, "ruleId": n.RuleID,
 		"projectName": "", "ruleDescription": "",
 		"count": 150.0, "threshold": 100.0, "period": 60000.0,
 	}
@@ -242,4 +242,40 @@ func TestLoopbackRefusedUnlessAllowed(t *testing.T) {
 		t.Fatalf("allowed: %v", err)
 	}
 	onlyRequest(t, sink)
+}
+
+// A grouped message is one body naming every rule, each firing as a
+// single body without its version (docs/contract.md §5.8).
+func TestGroupedBody(t *testing.T) {
+	sink := notifytest.NewWebhookSink(t)
+	if _, err := send(t, sink.URL, notifytest.Grouped(nastyTitle, firedAt)); err != nil {
+		t.Fatal(err)
+	}
+	r := onlyRequest(t, sink)
+	if r.Header.Get("Idempotency-Key") != "group-1" {
+		t.Errorf("Idempotency-Key = %q, want the group's id", r.Header.Get("Idempotency-Key"))
+	}
+	var body struct {
+		notify.Grouped
+		Raw []map[string]any `json:"notifications"`
+	}
+	if err := r.JSON(&body); err != nil {
+		t.Fatal(err)
+	}
+	g := body.Grouped
+	if g.Version != "4" || g.Type != "grouped" || g.ID != "group-1" || g.ProjectName != "Shop" || g.Event.Title != nastyTitle ||
+		!slices.Equal(g.RuleIDs, []string{"64ab00000000000000000001", "64ab00000000000000000002", "64ab00000000000000000003"}) {
+		t.Errorf("grouped body %s", r.Body)
+	}
+	if len(body.Raw) != 3 {
+		t.Fatalf("%d notifications, want 3: %s", len(body.Raw), r.Body)
+	}
+	for i, n := range body.Raw {
+		if _, ok := n["version"]; ok || n["ruleId"] != g.RuleIDs[i] || n["windows"] == nil {
+			t.Errorf("notification %d: %v", i, n)
+		}
+	}
+	if body.Raw[1]["type"] != "new" || body.Raw[1]["ruleDescription"] != "new errors" {
+		t.Errorf("second notification %v", body.Raw[1])
+	}
 }

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/klaxonhq/klaxon/internal/testenv"
+)
+
+// With Hawk's events database configured (here the rules' FerretDB
+// database, under Hawk's variable name), events through the broker notify
+// with the group's history on every channel; a group marked resolved
+// fires the ONLY_NEW rule as "regressed" once per resolution; an ignored
+// group never notifies.
+func TestHawkEventsDatabaseThroughTheWorker(t *testing.T) {
+	h := newHarness(t)
+	channels := h.allChannels()
+	channels["loop"] = bson.M{"isEnabled": true, "endpoint": h.loop.URL, "minPeriod": 0}
+	fresh := rule(bson.M{"whatToReceive": "ONLY_NEW", "channels": channels})
+	storm := rule(bson.M{"whatToReceive": "SEEN_MORE", "threshold": 2, "thresholdPeriod": hour, "channels": h.webhookOnly()})
+	project := h.project(fresh, storm)
+	const firstSeen, resolved, resolvedAgain = 1700000000, 1700500000, 1700900000
+	testenv.HawkGroup(t, h.db, project, "g-new", 1234, firstSeen, 3, nil)
+	testenv.HawkGroup(t, h.db, project, "g-res", 50, firstSeen, 2, bson.M{"resolved": int32(resolved), "starred": int32(resolved)})
+	testenv.HawkGroup(t, h.db, project, "g-ign", 7, firstSeen, 1, bson.M{"ignored": int32(resolved)})
+	h.env["MONGO_EVENTS_DATABASE_URI"] = h.env["KLAXON_MONGO_URL"]
+	w := h.start()
+
+	// A new group: every channel shows its history as Hawk's messages do.
+	h.publish(event(project, "TypeError: x is undefined", "g-new", true))
+	b := h.webhookBodies(1)[0]
+	hist, _ := b["history"].(map[string]any)
+	if b["type"] != "new" || hist["totalCount"] != 1234.0 || hist["daysRepeated"] != 3.0 ||
+		hist["firstSeen"] != "2023-11-14T22:13:20Z" || hist["topFrame"] != "app/cart.js:42" {
+		t.Fatalf("webhook body %v: want the group's history", b)
+	}
+	const seen, frame = "Seen 1234 times in total, first at 2023-11-14T22:13:20Z, on 3 days", "Top frame: app/cart.js:42"
+	slackReqs, err := h.slack.WaitFor(1, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loopReqs, err := h.loop.WaitFor(1, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tgReqs, err := h.telegram.WaitFor(1, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mails, err := h.smtp.WaitFor(1, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts, err := mails[0].Parts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, text := range map[string]string{
+		"slack": strings.Join(blockTextsOf(slackReqs[0].Blocks), "\n"), "loop": loopReqs[0].Text,
+		"telegram": tgReqs[0].Visible, "email": parts["text/plain"], "email HTML": parts["text/html"],
+	} {
+		if !strings.Contains(text, seen) || !strings.Contains(text, frame) {
+			t.Errorf("%s lacks the history lines %q and %q:\n%s", name, seen, frame, text)
+		}
+	}
+
+	// A group marked resolved comes back: regressed, once.
+	rep := 0
+	repeat := func(group string, isNew bool) message {
+		rep++
+		return event(project, "TypeError: x is undefined", group, isNew, fmt.Sprintf(`"repetitionId":"r%d"`, rep))
+	}
+	h.publish(repeat("g-res", false), repeat("g-res", false))
+	regressed := func() []map[string]any {
+		var out []map[string]any
+		for _, r := range h.webhook.Requests() {
+			var b map[string]any
+			if r.JSON(&b) == nil && b["type"] == "regressed" {
+				out = append(out, b)
+			}
+		}
+		return out
+	}
+	waitFor(t, 30*time.Second, "the regression", func() bool { return len(regressed()) == 1 })
+	r := regressed()[0]
+	if r["ruleId"] != ruleID(fresh) || r["resolvedAt"] != "2023-11-20T17:06:40Z" || r["history"].(map[string]any)["totalCount"] != 50.0 {
+		t.Errorf("regressed body %v: want rule fresh, resolved at 1700500000, the group's history", r)
+	}
+
+	// An ignored group: new, and past the storm's threshold, never told.
+	ignored := w.metric(t, "klaxon_events_total", "outcome", "unmatched")
+	h.publish(repeat("g-ign", true), repeat("g-ign", false), repeat("g-ign", false), repeat("g-ign", false))
+	w.waitMetric(t, 30*time.Second, "the ignored group's 4 events", func(v float64) bool { return v >= ignored+4 },
+		"klaxon_events_total", "outcome", "unmatched")
+
+	// Reopened and resolved again in the tracker: once the worker's cached
+	// marks (5 s) are stale, the group's next event is a new regression.
+	testenv.HawkMark(t, h.db, project, "g-res", "resolved", 0)
+	testenv.HawkMark(t, h.db, project, "g-res", "resolved", resolvedAgain)
+	waitFor(t, 60*time.Second, "the second resolution's regression", func() bool {
+		if len(regressed()) == 2 {
+			return true
+		}
+		h.publish(repeat("g-res", false))
+		return false
+	})
+	if r := regressed()[1]; r["resolvedAt"] != "2023-11-25T08:13:20Z" || r["id"] == regressed()[0]["id"] {
+		t.Errorf("second regression %v: want resolved at 1700900000, an id of its own", r)
+	}
+	h.publish(repeat("g-res", false), repeat("g-res", false))
+	// g-new, two regressions; g-res's storm (its second event) once.
+	waitQuiet(t, func() int { return len(h.webhook.Requests()) }, 4)
+	for _, b := range h.webhookBodies(4) {
+		if b["event"].(map[string]any)["groupHash"] == "g-ign" {
+			t.Errorf("the ignored group notified: %v", b)
+		}
+	}
+}
+
+// blockTextsOf is the text of Slack blocks: sections' and context elements'.
+func blockTextsOf(blocks []map[string]any) []string {
+	var out []string
+	for _, b := range blocks {
+		if t, ok := b["text"].(map[string]any); ok {
+			out = append(out, fmt.Sprint(t["text"]))
+		}
+		if els, ok := b["elements"].([]any); ok {
+			for _, e := range els {
+				if m, ok := e.(map[string]any); ok {
+					out = append(out, fmt.Sprint(m["text"]))
+				}
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,60 @@
+package testenv
+
+import (
+	"context"
+	"testing"
+
+	"go.mongodb.org/mongo-driver/v2/bson"
+	"go.mongodb.org/mongo-driver/v2/mongo"
+)
+
+// HawkGroup writes an event group of project into Hawk's events database
+// db as Hawk's grouper writes it (events:<projectId>: the first
+// occurrence's time, totalCount, a payload with a backtrace whose top
+// frame is app/cart.js:42), with marks as hawk.api's toggleEventMark sets
+// them (Unix seconds; nil for none), and one dailyEvents document per day
+// it happened from firstSeen on.
+func HawkGroup(t testing.TB, db *mongo.Database, project, groupHash string, total, firstSeen int32, days int, marks bson.M) {
+	t.Helper()
+	ctx := context.Background()
+	doc := bson.M{
+		"groupHash": groupHash, "totalCount": total, "catcherType": "errors/javascript",
+		"usersAffected": int32(1), "visitedBy": bson.A{}, "timestamp": firstSeen,
+		"payload": bson.M{
+			"title": "TypeError: x is undefined", "timestamp": firstSeen,
+			"backtrace": bson.A{
+				bson.M{"file": "app/cart.js", "line": int32(42), "column": int32(7),
+					"sourceCode": bson.A{bson.M{"line": int32(42), "content": "x.y()"}}},
+				bson.M{"file": "app/main.js", "line": int32(3)},
+			},
+			"context": `{"a":1}`, "addons": "{}",
+		},
+	}
+	if marks != nil {
+		doc["marks"] = marks
+	}
+	if _, err := db.Collection("events:"+project).InsertOne(ctx, doc); err != nil {
+		t.Fatal(err)
+	}
+	for d := range days {
+		day := firstSeen + int32(d)*86400
+		if _, err := db.Collection("dailyEvents:"+project).InsertOne(ctx, bson.M{
+			"groupHash": groupHash, "groupingTimestamp": day, "count": int32(3), "lastRepetitionTime": day,
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// HawkMark sets a group's mark to at (Unix seconds), or clears it when at
+// is 0, as hawk.api's toggleEventMark does ($set or $unset "marks.<mark>").
+func HawkMark(t testing.TB, db *mongo.Database, project, groupHash, mark string, at int32) {
+	t.Helper()
+	update := bson.M{"$set": bson.M{"marks." + mark: at}}
+	if at == 0 {
+		update = bson.M{"$unset": bson.M{"marks." + mark: ""}}
+	}
+	if _, err := db.Collection("events:"+project).UpdateOne(context.Background(), bson.M{"groupHash": groupHash}, update); err != nil {
+		t.Fatal(err)
+	}
+}
