@@ -168,30 +168,46 @@ func queuesOf(prefix string) klaxonQueues {
 }
 
 // deleteKeys deletes every Redis key under prefix + ":".
-func deleteKeys(ctx context.Context, rdb *redis.Client, prefix string) error {
-	iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()
-	var batch []string
-	flush := func() error {
-		if len(batch) == 0 {
+func deleteKeys(ctx context.Context, rdb redis.UniversalClient, prefix string) error {
+	// On Cluster every master holds some of the keys: scan each, and
+	// unlink key by key (a pipeline the client routes by slot).
+	scan := func(ctx context.Context, node *redis.Client) error {
+		iter := node.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+		var batch []string
+		flush := func() error {
+			if len(batch) == 0 {
+				return nil
+			}
+			_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+				for _, k := range batch {
+					p.Unlink(ctx, k)
+				}
+				return nil
+			})
+			batch = batch[:0]
+			if err != nil {
+				return fmt.Errorf("unlink keys of %s: %w", prefix, err)
+			}
 			return nil
 		}
-		err := rdb.Unlink(ctx, batch...).Err()
-		batch = batch[:0]
-		if err != nil {
-			return fmt.Errorf("unlink keys of %s: %w", prefix, err)
-		}
-		return nil
-	}
-	for iter.Next(ctx) {
-		batch = append(batch, iter.Val())
-		if len(batch) == 1000 {
-			if err := flush(); err != nil {
-				return err
+		for iter.Next(ctx) {
+			batch = append(batch, iter.Val())
+			if len(batch) == 1000 {
+				if err := flush(); err != nil {
+					return err
+				}
 			}
 		}
+		if err := iter.Err(); err != nil {
+			return fmt.Errorf("scan keys of %s: %w", prefix, err)
+		}
+		return flush()
 	}
-	if err := iter.Err(); err != nil {
-		return fmt.Errorf("scan keys of %s: %w", prefix, err)
+	switch c := rdb.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, scan)
+	case *redis.Client:
+		return scan(ctx, c)
 	}
-	return flush()
+	return fmt.Errorf("delete keys of %s: a %T is neither a node nor a cluster", prefix, rdb)
 }

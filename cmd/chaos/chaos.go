@@ -14,8 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
+	"github.com/klaxonhq/klaxon/internal/config"
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
@@ -25,7 +24,7 @@ type Config struct {
 	Workers   int           // processes on the queue at once
 	Events    int           // events to generate (about; dropped groups take theirs along)
 	Groups    int           // event groups to generate
-	KillEvery time.Duration // mean interval between kills (exponentially distributed)
+	KillEvery time.Duration // mean interval between kills (exponentially distributed); 0 = no kills
 	Rate      int           // events published per second; 0 = as fast as possible
 	Seed      uint64        // events, rules' groups and kill intervals
 	Timeout   time.Duration // the whole run
@@ -33,7 +32,17 @@ type Config struct {
 	// empty, before the run stops the workers and counts [3 s].
 	Quiet    time.Duration
 	AMQPURL  string
-	RedisURL string
+	RedisURL string // single node, redis+sentinel:// or redis+cluster://, as the workers take it
+	// Fault is a Redis fault injected while events flow, besides the kills:
+	// FaultFailover (a SENTINEL FAILOVER, RedisURL a Sentinel one) or
+	// FaultReshard (redis-cli --cluster reshard of ReshardSlots slots,
+	// RedisURL a Cluster one); each waits FaultEvery [5 s] after the last
+	// one settled.
+	Fault        string
+	FaultEvery   time.Duration
+	ReshardSlots int // [200]
+	// WaitReplicas is the workers' KLAXON_REDIS_WAIT_REPLICAS [0].
+	WaitReplicas int
 	// LogLevel is the workers' KLAXON_LOG_LEVEL [warn].
 	LogLevel string
 	// Dir holds the rules file and the workers' logs; "" makes a temporary
@@ -54,6 +63,9 @@ type Result struct {
 	Orders        int    `json:"ordersChecked"`
 	Workers       int    `json:"workers"`
 	Kills         int    `json:"kills"`
+	Fault         string `json:"fault,omitempty"`
+	Faults        int    `json:"faults"` // failovers or reshards injected
+	WaitReplicas  int    `json:"waitReplicas"`
 	Starts        int    `json:"starts"`
 	Expected      int    `json:"expected"`
 	Received      int    `json:"received"` // webhook requests
@@ -135,8 +147,17 @@ func (c *Config) defaults() error {
 	if c.Workers < 1 {
 		return fmt.Errorf("workers %d: want at least 1", c.Workers)
 	}
-	if c.KillEvery <= 0 {
-		return fmt.Errorf("kill-every %s: want > 0", c.KillEvery)
+	if c.KillEvery < 0 {
+		return fmt.Errorf("kill-every %s: want 0 (no kills) or more", c.KillEvery)
+	}
+	if c.FaultEvery <= 0 {
+		c.FaultEvery = 5 * time.Second
+	}
+	if c.ReshardSlots == 0 {
+		c.ReshardSlots = 200
+	}
+	if c.WaitReplicas < 0 {
+		return fmt.Errorf("wait-replicas %d: want 0 or more", c.WaitReplicas)
 	}
 	if c.Timeout <= 0 {
 		c.Timeout = 5 * time.Minute
@@ -165,7 +186,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	log := cfg.Log
 
 	runID := strings.ToLower(rand.Text()[:10])
-	res := &Result{Seed: cfg.Seed, Workers: cfg.Workers, Groups: cfg.Groups,
+	res := &Result{Seed: cfg.Seed, Workers: cfg.Workers, Groups: cfg.Groups, Fault: cfg.Fault, WaitReplicas: cfg.WaitReplicas,
 		Queue: "klaxon-chaos." + runID, Prefix: "klaxon-chaos-" + runID}
 
 	dir := cfg.Dir
@@ -179,11 +200,17 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, fmt.Errorf("log directory: %w", err)
 	}
 
-	redisOpts, err := redis.ParseURL(cfg.RedisURL)
+	redisOpts, err := config.Config{RedisURL: cfg.RedisURL}.RedisOptions()
 	if err != nil {
-		return nil, fmt.Errorf("redis URL: %w", err)
+		return nil, err
 	}
-	rdb := redis.NewClient(redisOpts)
+	var fault faulter
+	if cfg.Fault != FaultNone {
+		if fault, err = newFaulter(cfg.Fault, redisOpts, cfg.ReshardSlots); err != nil {
+			return nil, err
+		}
+	}
+	rdb := redisOpts.NewClient()
 	defer rdb.Close()
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		return nil, fmt.Errorf("redis: %w", err)
@@ -212,6 +239,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		"KLAXON_RULES_FILE":   filepath.Join(dir, "rules.yaml"),
 		"KLAXON_SEND_TIMEOUT": sendTimeout.String(),
 		"KLAXON_LOG_LEVEL":    cfg.LogLevel,
+		// Redis faults: a batch waits for this many replicas.
+		"KLAXON_REDIS_WAIT_REPLICAS": fmt.Sprint(cfg.WaitReplicas),
 		// The sink listens on loopback: endpoints from rules reach it only
 		// when the operator allows it.
 		"KLAXON_ALLOW_PRIVATE_NETWORKS": "127.0.0.0/8,::1/128",
@@ -256,9 +285,24 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	// queue is empty.
 	chaosStart := time.Now()
 	kctx, kcancel := context.WithCancel(ctx)
-	killerDone := make(chan error, 1)
+	killerDone := make(chan error, 2)
 	go func() {
+		if cfg.KillEvery == 0 {
+			<-kctx.Done()
+			killerDone <- kctx.Err()
+			return
+		}
 		killerDone <- killer(kctx, f, cfg.Workers, cfg.KillEvery, mrand.New(mrand.NewPCG(cfg.Seed, 0x6b696c6c)))
+	}()
+	go func() {
+		if fault == nil {
+			<-kctx.Done()
+			killerDone <- kctx.Err()
+			return
+		}
+		var err error
+		res.Faults, err = faults(kctx, fault, cfg.FaultEvery, log)
+		killerDone <- err
 	}()
 	pubErr := b.publish(ctx, res.Queue, p.Messages, cfg.Rate)
 	res.Publish = time.Since(chaosStart)
@@ -267,8 +311,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		pubErr = waitEmpty(ctx, b, res.Queue)
 	}
 	kcancel()
-	if err := <-killerDone; err != nil && !errors.Is(err, context.Canceled) {
-		pubErr = errors.Join(pubErr, err)
+	for range 2 {
+		if err := <-killerDone; err != nil && !errors.Is(err, context.Canceled) {
+			pubErr = errors.Join(pubErr, err)
+		}
 	}
 	if pubErr != nil {
 		f.stopAll(context.WithoutCancel(ctx))

@@ -39,13 +39,17 @@ func main() {
 	flag.IntVar(&cfg.Workers, "workers", 3, "worker processes on the queue")
 	flag.IntVar(&cfg.Events, "events", 30000, "events to generate")
 	flag.IntVar(&cfg.Groups, "groups", 500, "event groups to spread them over")
-	flag.DurationVar(&cfg.KillEvery, "kill-every", 300*time.Millisecond, "mean interval between SIGKILLs (randomised, exponential)")
+	flag.DurationVar(&cfg.KillEvery, "kill-every", 300*time.Millisecond, "mean interval between SIGKILLs (randomised, exponential); 0: no kills")
 	flag.IntVar(&cfg.Rate, "rate", 1000, "events published per second (0: as fast as possible)")
 	flag.Uint64Var(&cfg.Seed, "seed", uint64(time.Now().UnixNano()), "seed of the events and kill intervals")
 	flag.DurationVar(&cfg.Timeout, "timeout", 5*time.Minute, "limit of the whole run")
 	flag.DurationVar(&cfg.Quiet, "quiet", 3*time.Second, "webhook silence, with every queue empty, that ends the run")
 	flag.StringVar(&cfg.AMQPURL, "amqp", envOr("KLAXON_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
-	flag.StringVar(&cfg.RedisURL, "redis", envOr("KLAXON_REDIS_URL", "redis://127.0.0.1:6379/0"), "Redis URL (single node)")
+	flag.StringVar(&cfg.RedisURL, "redis", envOr("KLAXON_REDIS_URL", "redis://127.0.0.1:6379/0"), "Redis URL: single node, redis+sentinel:// or redis+cluster://")
+	flag.StringVar(&cfg.Fault, "fault", "", "a Redis fault while events flow: failover (SENTINEL FAILOVER; -redis a redis+sentinel:// URL) or reshard (redis-cli --cluster reshard; -redis a redis+cluster:// URL)")
+	flag.DurationVar(&cfg.FaultEvery, "fault-every", 5*time.Second, "wait between one fault settling and the next")
+	flag.IntVar(&cfg.ReshardSlots, "reshard-slots", 200, "slots each reshard moves")
+	flag.IntVar(&cfg.WaitReplicas, "wait-replicas", 0, "the workers' KLAXON_REDIS_WAIT_REPLICAS")
 	flag.StringVar(&cfg.LogLevel, "log-level", "warn", "the workers' KLAXON_LOG_LEVEL")
 	flag.StringVar(&cfg.Dir, "dir", "", "directory for the rules file and worker logs (default: a temporary one, removed after a clean run)")
 	flag.BoolVar(&cfg.Keep, "keep", false, "keep the worker logs after a clean run")
@@ -84,6 +88,9 @@ func printTable(w io.Writer, r *Result) {
 	fmt.Fprintf(w, "seed %d; groups checked in %d orders, %d dropped as order-dependent; %d worker starts; "+
 		"publish %s, chaos %s, settle %s\n", r.Seed, r.Orders, r.GroupsDropped, r.Starts,
 		r.Publish.Round(100*time.Millisecond), r.Chaos.Round(100*time.Millisecond), r.Settle.Round(100*time.Millisecond))
+	if r.Fault != "" {
+		fmt.Fprintf(w, "Redis faults: %d × %s, workers waiting for %d replicas\n", r.Faults, r.Fault, r.WaitReplicas)
+	}
 	fmt.Fprintf(w, "repeats whose previous copy's sender was SIGKILLed before recording it: %d of %d\n", r.RepeatsAfterKill, r.Repeats)
 	for _, rp := range r.Repeated {
 		var from string

@@ -238,3 +238,62 @@ func TestSentinelFailoversMeasured(t *testing.T) {
 		t.Errorf("with WAIT: %d missed, %d extra; want none", missed, extra)
 	}
 }
+
+// A failover to a replica that lags behind: the replica is stopped
+// (SIGSTOP) while the second third of a stream is counted, then the master
+// is SIGKILLed and the replica, running again, promoted. Without WAIT the
+// master acknowledged counts the replica never received: the rule that
+// needs every event misses in every group, and the rule with a 1 h
+// cooldown, its state gone, fires a second time in every group (with a new
+// id) — silently, as docs/guarantees.md says. With
+// KLAXON_REDIS_WAIT_REPLICAS=1 those batches are never acked (WAIT
+// answers 0 replicas) and are counted on the promoted replica: every
+// notification once.
+func TestSentinelLaggingReplicaFailover(t *testing.T) {
+	testenv.SentinelPhase(t)
+	for _, wait := range []string{"0", "1"} {
+		t.Run("WAIT="+wait, func(t *testing.T) {
+			h := newHarness(t)
+			s := testenv.StartSentinel(t)
+			h.env["KLAXON_REDIS_URL"] = s.URL()
+			h.env["KLAXON_REDIS_WAIT_REPLICAS"] = wait
+			stream := newFailoverStream(h, 30, 30)
+			msgs := stream.messages()
+			third := len(msgs) / 3
+			w := h.start()
+			counted := func(n int) func(float64) bool { return func(v float64) bool { return v >= float64(n) } }
+
+			h.publish(msgs[:third]...)
+			w.waitMetric(t, 30*time.Second, "the first third counted", counted(third), "klaxon_events_total", "outcome", "counted")
+			replica := s.PauseReplica()
+			h.publish(msgs[third : 2*third]...)
+			if wait == "0" {
+				// Acknowledged by the master alone, and the cooldown rule's
+				// notifications (at half the stream) sent.
+				w.waitMetric(t, 30*time.Second, "the second third counted", counted(2*third), "klaxon_events_total", "outcome", "counted")
+				h.webhook.WaitFor(stream.groups, 30*time.Second)
+			} else {
+				w.waitMetric(t, 30*time.Second, "a batch failed WAIT and was held", func(v float64) bool { return v > 0 },
+					"klaxon_batches_total", "stage", "evaluator", "outcome", "error")
+			}
+			old := s.Kill()
+			s.ResumeReplica()
+			promoted := s.AwaitFailover(old)
+			t.Logf("replica %s paused, master %s killed, %s promoted", replica, old, promoted)
+			h.publish(msgs[2*third:]...)
+			waitDrained(t, h)
+			missed, extra := stream.tally(t, h)
+			t.Logf("KLAXON_REDIS_WAIT_REPLICAS=%s: %d groups, %d expected notifications: %d missed, %d extra",
+				wait, stream.groups, 2*stream.groups, missed, extra)
+			if wait == "0" {
+				if missed == 0 || extra == 0 {
+					t.Errorf("without WAIT: %d missed, %d extra; the lagging replica should have lost counts and cooldowns", missed, extra)
+				}
+				return
+			}
+			if missed != 0 || extra != 0 {
+				t.Errorf("with WAIT: %d missed, %d extra; want every notification once", missed, extra)
+			}
+		})
+	}
+}

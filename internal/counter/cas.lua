@@ -4,8 +4,11 @@
 -- write), or the state still missing. A group whose state changed
 -- meanwhile is left as it is, for the worker to count with observe.lua.
 --
--- KEYS   one state key "<base>:s" per group, base being "<prefix>:{…}"
--- ARGV   idsUntil(ms), then per group, in KEYS order:
+-- KEYS   one state key "<base>:s" per group, base being "<prefix>:{…}";
+--        on Cluster then "<base>:m", never written, so that Redis answers
+--        TRYAGAIN rather than run the call while the slot migrates
+--        (observe.lua and cluster.go say why)
+-- ARGV   idsUntil(ms), then per group, in KEYS order, up to the end of ARGV:
 --          generation (as read: 4 bytes, or '' for none) state expiry(ms)
 --          nrecords, then nrecords pairs of event key and firing record
 --          npages, then npages of: "set" or "append", page key, ids
@@ -13,8 +16,9 @@
 --          what the worker read as long as the generation is)
 -- Reply  per group: 1 stored, 0 changed meanwhile (nothing written)
 
-local a, out, p = ARGV, {}, 2
-for i = 1, #KEYS do
+local a, out, p, i = ARGV, {}, 2, 0
+while p <= #a do
+  i = i + 1
   local key, nrec = KEYS[i], tonumber(a[p + 3])
   local base = string.sub(key, 1, -3)
   local q = p + 4 + 2 * nrec

@@ -185,6 +185,8 @@ type Engine struct {
 	scriptOnly bool
 	// Groups counted in the worker and stored, and counted by the script.
 	fastGroups, scriptGroups atomic.Int64
+	// Script calls sent again because their slot was migrating (cluster.go).
+	slotRetries atomic.Int64
 }
 
 // New returns an engine on rdb (single node, Sentinel or Cluster).
@@ -601,11 +603,12 @@ func (e *Engine) run(ctx context.Context, calls []*call) error {
 
 func (e *Engine) eval(ctx context.Context, script *redis.Script, calls []*call) error {
 	pending := calls
-	for attempt := 0; ; attempt++ {
+	loaded, moves, since := false, 0, time.Time{}
+	for {
 		var wait *redis.Cmd
 		_, err := e.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, c := range pending {
-				c.cmd = script.EvalSha(ctx, p, c.keys, c.args...)
+				c.cmd = script.EvalSha(ctx, p, e.declared(ctx, p, c.keys), c.args...)
 			}
 			if e.waitReplicas > 0 {
 				// A pipeline is one connection: WAIT covers its writes.
@@ -622,27 +625,47 @@ func (e *Engine) eval(ctx context.Context, script *redis.Script, calls []*call) 
 			}
 			return nil
 		}
-		var missing []*call
+		// Only the calls that did not run are sent again; the others counted.
+		var missing, moving []*call
 		for _, c := range pending {
 			if err := c.cmd.Err(); err != nil {
-				if !redis.HasErrorPrefix(err, "NOSCRIPT") {
+				switch {
+				case redis.HasErrorPrefix(err, "NOSCRIPT"):
+					missing = append(missing, c)
+				case migrating(err): // cluster.go
+					moving = append(moving, c)
+				default:
 					return fmt.Errorf("count %d groups from %s: %w", len(c.keys), c.keys[0], err)
 				}
-				missing = append(missing, c)
 			}
 		}
-		if len(missing) == 0 {
+		if len(missing) == 0 && len(moving) == 0 {
+			if wait == nil && e.guarded() {
+				return nil // only a read of a guard failed: every call ran (cluster.go)
+			}
 			return fmt.Errorf("count: %w", err)
 		}
-		if attempt > 0 {
-			return fmt.Errorf("count: script still missing after loading it: %w", err)
+		if len(missing) > 0 {
+			if loaded {
+				return fmt.Errorf("count: script still missing after loading it: %w", err)
+			}
+			// A cluster client sends SCRIPT LOAD to every shard.
+			if err := script.Load(ctx, e.rdb).Err(); err != nil {
+				return fmt.Errorf("load counting script: %w", err)
+			}
+			loaded = true
 		}
-		// Only the calls that did not run are sent again; the others counted.
-		// A cluster client sends SCRIPT LOAD to every shard.
-		if err := script.Load(ctx, e.rdb).Err(); err != nil {
-			return fmt.Errorf("load counting script: %w", err)
+		if len(moving) > 0 {
+			if moves == 0 {
+				since = time.Now()
+			}
+			if err := awaitMigration(ctx, moves, since, moving[0].cmd.Err()); err != nil {
+				return err
+			}
+			moves++
+			e.slotRetries.Add(int64(len(moving)))
 		}
-		pending = missing
+		pending = append(missing, moving...)
 	}
 }
 

@@ -4,11 +4,14 @@
 -- KEYS   one group's state key "<base>:s" per group in the call, base being
 --        "<prefix>:{<hash of project and group>}"; every key the call
 --        touches starts with a base, so a call of one group runs on Redis
---        Cluster, and the state key, declared, follows a slot in migration.
+--        Cluster. There, KEYS ends with the group's "<base>:m", a key never
+--        written: while the slot migrates, the call then always misses a
+--        declared key, and Redis answers TRYAGAIN instead of running it on
+--        a node that holds only part of the group's keys (cluster.go).
 -- ARGV   dedupTTL(ms) unused verbose(0|1) nrules
 --        per rule:  tag id ttl(ms) cooldown(ms) users(0|1) nwindows
 --                   per window: ring threshold period(ms) bucket(ms)
---        per group, in KEYS order: token ndone done... nevents
+--        per group, in KEYS order, up to the end of ARGV: token ndone done... nevents
 --          per event: key mode ts(ms, -1 = now) user nmatched rule-index...
 --
 -- A group's token marks this write of its state; the group's events were
@@ -367,8 +370,9 @@ local function seen(g, keys)
 end
 
 -- The groups of the call: their events, and the ids to look up.
-local groups = {}
-for gi = 1, #KEYS do
+local groups, gi = {}, 0
+while p <= #a do
+  gi = gi + 1
   local g = {base = string.sub(KEYS[gi], 1, -3), token = tonumber(a[p]), done = {}, ids = {}}
   g.done[g.token] = true
   local nd = tonumber(a[p + 1])

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -138,6 +139,37 @@ func (s *Sentinel) AwaitFailover(killed string) (promoted string) {
 	s.startNode(i, promoted)
 	s.waitSteady(promoted)
 	return promoted
+}
+
+// PauseReplica stops the replica (SIGSTOP) and has the master drop its
+// link (CLIENT KILL TYPE replica), so that nothing written from now on
+// waits for it in a socket buffer: until ResumeReplica, and after it if
+// the master is gone by then, the master alone holds what it acknowledges,
+// as with a replica lagging behind. It returns the replica's address.
+func (s *Sentinel) PauseReplica() string {
+	s.t.Helper()
+	replica := s.signalReplica(syscall.SIGSTOP)
+	m := redis.NewClient(&redis.Options{Addr: s.MasterAddr()})
+	defer m.Close()
+	if err := m.Do(context.Background(), "CLIENT", "KILL", "TYPE", "replica").Err(); err != nil {
+		s.t.Fatalf("testenv: cut the replica's link: %v", err)
+	}
+	return replica
+}
+
+// ResumeReplica lets the paused replica run again (SIGCONT).
+func (s *Sentinel) ResumeReplica() string {
+	s.t.Helper()
+	return s.signalReplica(syscall.SIGCONT)
+}
+
+func (s *Sentinel) signalReplica(sig syscall.Signal) string {
+	s.t.Helper()
+	replica := s.nodes[1-s.nodeIndex(s.MasterAddr())]
+	if err := replica.cmd.Process.Signal(sig); err != nil {
+		s.t.Fatalf("testenv: %v to the replica %s: %v", sig, replica.addr(), err)
+	}
+	return replica.addr()
 }
 
 // Failover asks a sentinel for a planned failover (SENTINEL FAILOVER): the
