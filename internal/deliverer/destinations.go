@@ -1,7 +1,6 @@
 package deliverer
 
 import (
-	"crypto/sha256"
 	"encoding/hex"
 	"net/url"
 	"sync"
@@ -64,10 +63,10 @@ func newDestinations(perDestination, perProject, tripAfter int, openFor, probeFo
 }
 
 // destinationKey names a job's destination without its endpoint, which may
-// be a secret (a Slack webhook URL, an address): the channel and a hash.
-func destinationKey(channel, endpoint string) string {
-	sum := sha256.Sum256([]byte(endpoint))
-	return channel + ":" + hex.EncodeToString(sum[:12])
+// be a secret (a Slack webhook URL, an address): the channel and its tag
+// (seal.Keys.Tag: keyed when KLAXON_ENDPOINT_KEY is set).
+func destinationKey(channel string, tag []byte) string {
+	return channel + ":" + hex.EncodeToString(tag[:12])
 }
 
 // endpointHost is what a log line may say of an endpoint: the host of a

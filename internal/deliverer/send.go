@@ -162,7 +162,7 @@ func (d *Deliverer) send(ctx context.Context, job *wire.Job, msg *notify.Message
 		d.metrics.EndpointsUnopened.WithLabelValues(job.Channel).Inc()
 		return failure(false, err), nil
 	}
-	dest := destinationKey(job.Channel, endpoint)
+	dest := destinationKey(job.Channel, d.cfg.Keys.Tag(endpoint))
 	// Before the pace: a job kept away by the circuit must not take a turn.
 	if wait := d.dests.blocked(dest, d.now()); wait > 0 {
 		return failure(true, &errCircuitOpen{wait: wait}), nil

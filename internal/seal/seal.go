@@ -23,6 +23,7 @@ package seal
 import (
 	"crypto/aes"
 	"crypto/cipher"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
@@ -50,6 +51,7 @@ type Keys struct {
 type key struct {
 	id   string
 	aead cipher.AEAD
+	tag  []byte // HMAC key of Tag, derived from the key
 }
 
 // Parse reads a comma-separated list of base64 keys of 32 bytes each (the
@@ -107,7 +109,24 @@ func newKey(raw []byte) (key, error) {
 		return key{}, err
 	}
 	sum := sha256.Sum256(raw)
-	return key{id: hex.EncodeToString(sum[:4]), aead: aead}, nil
+	tag := sha256.Sum256(append([]byte("klaxon endpoint tag\x00"), raw...))
+	return key{id: hex.EncodeToString(sum[:4]), aead: aead, tag: tag[:]}, nil
+}
+
+// Tag is a digest of endpoint that tells endpoints apart without showing
+// them, for names kept in Redis (a destination's pace): HMAC-SHA-256 under
+// a key derived from the sealing key, since a plain hash of an email
+// address or a chat id is undone by guessing. Without keys it is SHA-256.
+// A new sealing key changes every tag: what is keyed by them (a pace)
+// starts afresh.
+func (ks *Keys) Tag(endpoint string) []byte {
+	if ks == nil {
+		sum := sha256.Sum256([]byte(endpoint))
+		return sum[:]
+	}
+	m := hmac.New(sha256.New, ks.keys[0].tag)
+	m.Write([]byte(endpoint))
+	return m.Sum(nil)
 }
 
 // Sealed reports whether s is a sealed value.

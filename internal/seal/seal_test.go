@@ -1,7 +1,9 @@
 package seal
 
 import (
+	"bytes"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
 	"errors"
 	"strings"
@@ -101,5 +103,34 @@ func TestOpenRefusesMalformed(t *testing.T) {
 		if _, err := ks.Open(bad, "p", "slack"); err == nil {
 			t.Errorf("Open(%q) opened", bad)
 		}
+	}
+}
+
+// A tag names an endpoint in Redis: without keys the plain SHA-256 of
+// before; with one, a keyed digest that guessing an address cannot match.
+func TestTag(t *testing.T) {
+	var none *Keys
+	plain := sha256.Sum256([]byte("ops@example.com"))
+	if !bytes.Equal(none.Tag("ops@example.com"), plain[:]) {
+		t.Error("without keys the tag is not the endpoint's SHA-256")
+	}
+	a, err := Parse(newKeyText(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Parse(newKeyText(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ta := a.Tag("ops@example.com")
+	switch {
+	case bytes.Equal(ta, plain[:]):
+		t.Error("with a key the tag is the plain SHA-256: a guess would match it")
+	case !bytes.Equal(ta, a.Tag("ops@example.com")):
+		t.Error("one key gives two tags for one endpoint")
+	case bytes.Equal(ta, a.Tag("dev@example.com")):
+		t.Error("two endpoints share a tag")
+	case bytes.Equal(ta, b.Tag("ops@example.com")):
+		t.Error("two keys give one tag")
 	}
 }
