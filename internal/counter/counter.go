@@ -611,7 +611,14 @@ func (e *Engine) eval(ctx context.Context, script *redis.Script, calls []*call) 
 				c.cmd = script.EvalSha(ctx, p, e.declared(ctx, p, c.keys), c.args...)
 			}
 			if e.waitReplicas > 0 {
-				// A pipeline is one connection: WAIT covers its writes.
+				// A pipeline is one connection, and WAIT covers what its
+				// connection wrote. A call that writes nothing (a batch
+				// replayed after a try whose WAIT failed: another
+				// connection made its writes) would pass WAIT at once,
+				// and an ack could then outrun the writes it counts on,
+				// lost in a failover. A write of the pipeline's own puts
+				// it past every earlier write in the replication stream.
+				p.Set(ctx, e.prefix+":wait", "", time.Minute)
 				wait = p.Do(ctx, "WAIT", e.waitReplicas, e.waitTimeout.Milliseconds())
 			}
 			return nil

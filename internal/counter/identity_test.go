@@ -3,9 +3,13 @@ package counter
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/klaxonhq/klaxon/internal/rules"
 )
@@ -248,5 +252,66 @@ func TestWaitReplicasFailsWithoutReplicas(t *testing.T) {
 	_, err := e.Observe(context.Background(), []Event{{ID: "m1", ProjectID: project, GroupHash: "g", Rules: []*rules.Rule{rule}}})
 	if err == nil || !strings.Contains(err.Error(), "0 of 1 replicas") {
 		t.Errorf("observe without replicas: %v, want an error saying no replica acknowledged", err)
+	}
+}
+
+// pipelines records the commands of every pipeline a client sends.
+type pipelines struct {
+	mu   sync.Mutex
+	seen [][]string
+}
+
+func (p *pipelines) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (p *pipelines) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (p *pipelines) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		var names []string
+		for _, c := range cmds {
+			name := c.Name()
+			if name == "set" {
+				name += " " + fmt.Sprint(c.Args()[1])
+			}
+			names = append(names, name)
+		}
+		p.mu.Lock()
+		p.seen = append(p.seen, names)
+		p.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+
+// WAIT covers what its own connection wrote. A batch tried again after a
+// WAIT that failed is a replay that writes nothing (the first try's writes
+// are there, made on another connection): its WAIT must still cover them,
+// or the ack outruns writes a failover can lose - the chaos run's missed
+// firing with KLAXON_REDIS_WAIT_REPLICAS=1. So every WAIT follows a write
+// of its own pipeline.
+func TestWaitFollowsAWriteOfItsOwn(t *testing.T) {
+	rdb := testRedis(t)
+	rec := &pipelines{}
+	rdb.AddHook(rec)
+	prefix := testPrefix(t, rdb)
+	e := New(rdb, Options{Prefix: prefix, WaitReplicas: 1, WaitTimeout: 10 * time.Millisecond})
+	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 3, Period: 60_000}))
+	events := []Event{{ID: "m1", ProjectID: project, GroupHash: "g", Rules: []*rules.Rule{rule}},
+		{ProjectID: project, GroupHash: "g", Rules: []*rules.Rule{rule}}}
+	for try := range 2 { // the second is the replay of the first
+		if _, err := e.ObserveBatch(context.Background(), 42, events); err == nil {
+			t.Fatalf("try %d passed WAIT without a replica", try+1)
+		}
+	}
+	waits := 0
+	for _, names := range rec.seen {
+		i := slices.Index(names, "wait")
+		if i < 0 {
+			continue
+		}
+		waits++
+		if i == 0 || names[i-1] != "set "+prefix+":wait" {
+			t.Errorf("pipeline %v: WAIT without a write of its own just before", names)
+		}
+	}
+	if waits < 2 {
+		t.Errorf("%d pipelines with WAIT, want one per try at least", waits)
 	}
 }

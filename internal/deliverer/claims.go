@@ -140,6 +140,12 @@ func (d *Deliverer) replicated(ctx context.Context, write func(redis.Cmdable) er
 	if err := write(conn); err != nil {
 		return err
 	}
+	// write may have written nothing (a record another connection made):
+	// a write of this connection's own makes WAIT cover every earlier
+	// write in the replication stream, that one included.
+	if err := conn.Set(ctx, d.cfg.Prefix+":wait", "", time.Minute).Err(); err != nil {
+		return err
+	}
 	n, err := conn.Do(ctx, "WAIT", d.cfg.WaitReplicas, d.cfg.WaitTimeout.Milliseconds()).Int64()
 	if err == nil && n < int64(d.cfg.WaitReplicas) {
 		err = fmt.Errorf("%d of %d replicas acknowledged the write within %s", n, d.cfg.WaitReplicas, d.cfg.WaitTimeout)

@@ -538,8 +538,11 @@ func TestHungEndpointDoesNotDelayOtherNotifications(t *testing.T) {
 func TestWaitReplicasFailsClaimsAndRecordsWithoutReplicas(t *testing.T) {
 	ctx := context.Background()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	d := New(Config{Prefix: testenv.KeyPrefix(t), WaitReplicas: 1, WaitTimeout: 10 * time.Millisecond,
-		Redis: testenv.Redis(t), Publisher: nil, Channels: map[string]notify.Channel{"slack": &recorder{}}, Logger: log, Metrics: metrics.New(prometheus.NewRegistry())})
+	rdb, cmds := testenv.Redis(t), &commands{}
+	rdb.AddHook(cmds)
+	prefix := testenv.KeyPrefix(t)
+	d := New(Config{Prefix: prefix, WaitReplicas: 1, WaitTimeout: 10 * time.Millisecond,
+		Redis: rdb, Publisher: nil, Channels: map[string]notify.Channel{"slack": &recorder{}}, Logger: log, Metrics: metrics.New(prometheus.NewRegistry())})
 	key := d.claimKey("n1:slack")
 	if _, _, err := d.claim(ctx, key, "c:token"); err == nil || !strings.Contains(err.Error(), "0 of 1 replicas") {
 		t.Errorf("claim without replicas: %v, want an error saying no replica acknowledged", err)
@@ -551,4 +554,37 @@ func TestWaitReplicasFailsClaimsAndRecordsWithoutReplicas(t *testing.T) {
 	if v := testenv.Redis(t).Get(ctx, key).Val(); v != "sent" {
 		t.Errorf("%s = %q, want the record written", key, v)
 	}
+	// WAIT covers what its own connection wrote: a record that was there
+	// already (written by another connection) would pass it at once. Each
+	// WAIT follows a write of its own.
+	waits := 0
+	for i, c := range cmds.names {
+		if c == "wait" {
+			waits++
+			if i == 0 || cmds.names[i-1] != "set "+prefix+":wait" {
+				t.Errorf("commands %v: WAIT at %d without a write of its own just before", cmds.names, i)
+			}
+		}
+	}
+	if waits != 2 {
+		t.Errorf("%d WAITs, want one for the claim and one for the record", waits)
+	}
+}
+
+// commands records the names of the commands a client sends one by one.
+type commands struct{ names []string }
+
+func (c *commands) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *commands) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		name := cmd.Name()
+		if name == "set" {
+			name += " " + fmt.Sprint(cmd.Args()[1])
+		}
+		c.names = append(c.names, name)
+		return next(ctx, cmd)
+	}
+}
+func (c *commands) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
