@@ -497,7 +497,12 @@ func compare(res *Result, p *plan, reqs []request, f *fleet) {
 		got := byID[id]
 		if len(got) == 0 {
 			res.Missed++
-			res.Missing = appendSample(res.Missing, id)
+			// With the rule, group and time, the workers' logs (at info
+			// with -log-dir) can be searched for the events that led up
+			// to the firing, which no log line names by its id.
+			f := p.Expected[id]
+			res.Missing = appendSample(res.Missing, fmt.Sprintf("%s (rule %s, group %s, at %s)",
+				id, f.RuleID, f.GroupHash, f.At.UTC().Format(time.RFC3339Nano)))
 			continue
 		}
 		if len(got) == 1 {

@@ -116,7 +116,7 @@ func printTable(w io.Writer, r *Result) {
 		fmt.Fprintln(w, "unsettled:", r.Unsettled)
 	}
 	if len(r.Missing) > 0 {
-		fmt.Fprintln(w, "missed (sample):", strings.Join(r.Missing, " "))
+		fmt.Fprintln(w, "missed (sample):", strings.Join(r.Missing, "; "))
 	}
 	if len(r.Extras) > 0 {
 		fmt.Fprintln(w, "extra (sample):", strings.Join(r.Extras, " "))
