@@ -1,7 +1,7 @@
 -- cas.lua: store the states a worker counted itself (state.go), each only
 -- if its group's state is still the one the worker read: the generation
--- in bytes 80-83 unchanged (observe.lua and this script bump it at every
--- write), or the state still missing. A group whose state changed
+-- in bytes 80-83 unchanged (every write makes a new one, from the last and
+-- the writing batch's token), or the state still missing. A group whose state changed
 -- meanwhile is left as it is, for the worker to count with observe.lua.
 --
 -- KEYS   one state key "<base>:s" per group, base being "<prefix>:{…}";

@@ -315,3 +315,43 @@ func TestWaitFollowsAWriteOfItsOwn(t *testing.T) {
 		t.Errorf("%d pipelines with WAIT, want one per try at least", waits)
 	}
 }
+
+// Two histories of a group that parted (a failover: one write kept by the
+// old master, another made on the new one) must not reach one generation:
+// the compare-and-set would take a state read on one node for the state of
+// the other and write over counts acknowledged there. A generation made of
+// the last one and the writing batch's token keeps them apart; a count of
+// writes did not. Both paths, the worker's and the script's.
+func TestPartedHistoriesHaveDistinctGenerations(t *testing.T) {
+	ctx := context.Background()
+	rdb := testRedis(t)
+	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 100, Period: 60_000}))
+	for _, scriptOnly := range []bool{false, true} {
+		e := New(rdb, Options{Prefix: testPrefix(t, rdb)})
+		e.scriptOnly = scriptOnly
+		key := GroupKey(e.prefix, project, "g") + ":s"
+		ev := func(id string) []Event {
+			return []Event{{ID: id, ProjectID: project, GroupHash: "g", Rules: []*rules.Rule{rule}}}
+		}
+		if _, err := e.ObserveBatch(ctx, 1001, ev("m0")); err != nil {
+			t.Fatal(err)
+		}
+		before, err := rdb.Get(ctx, key).Bytes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		gen := func(token int64, id string) string {
+			t.Helper()
+			if err := rdb.Set(ctx, key, before, time.Minute).Err(); err != nil { // the history parts here
+				t.Fatal(err)
+			}
+			if _, err := e.ObserveBatch(ctx, token, ev(id)); err != nil {
+				t.Fatal(err)
+			}
+			return rdb.GetRange(ctx, key, genOffset, genOffset+3).Val()
+		}
+		if a, b := gen(2002, "m1"), gen(3003, "m2"); a == b {
+			t.Errorf("script only %v: two writes from one state by two batches both made generation %x", scriptOnly, a)
+		}
+	}
+}

@@ -23,7 +23,8 @@
 -- A group's state is one string, "<base>:s", read with one MGET for the
 -- whole call and written with one SET:
 --   header   version(3) dedup[cur] dedup[prev] tokens(4) nrings nstates npairs
---            generation (bytes 80-83, +1 at every write: see cas.lua)
+--            generation (bytes 80-83, at every write the last one + 1 + the
+--            writing token mod 2^32: see cas.lua and state.go's nextGen)
 --            dedup = slot level next count inlinebytes
 --   rings    per ring: tag until L npairs: a ring holds the events of one
 --            (filter, period) in buckets, for every rule that counts them;
@@ -629,7 +630,7 @@ local function save(g)
   end
   local hdr = pack(HDR, VERSION, c.slot, c.level, c.next, c.count, #c.inline,
                    pv.slot, pv.level, pv.next, pv.count, #pv.inline, g.t1, g.t2, g.t3, g.t4,
-                   #orh / 4, #ost / 4, npairs, (g.gen + 1) % 4294967296)
+                   #orh / 4, #ost / 4, npairs, (g.gen + 1 + g.t1 % 4294967296) % 4294967296)
   if expiry <= now then expiry = now + 1000 end
   redis.call('SET', g.base .. ':s', hdr .. pack_all(RING, 4, orh) .. pack_all(STATE, 4, ost) ..
              concat(opv) .. c.inline .. pv.inline, 'PXAT', fmt('%d', expiry))

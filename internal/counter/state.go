@@ -19,7 +19,7 @@ import (
 const (
 	stateVersion = 3
 	headerSize   = 83
-	genOffset    = 79 // the generation, bumped at every write
+	genOffset    = 79 // the generation, new at every write (nextGen)
 	pageSize     = 128
 )
 
@@ -354,7 +354,7 @@ func (g *groupState) encode(now, slot, dedupTTL int64) ([]byte, int64) {
 	w = le.AppendUint16(w, uint16(len(rings)))
 	w = le.AppendUint16(w, uint16(len(live)))
 	w = le.AppendUint32(w, uint32(npairs))
-	w = le.AppendUint32(w, g.gen+1)
+	w = le.AppendUint32(w, nextGen(g.gen, g.tokens[0]))
 	for _, r := range rings {
 		w = le.AppendUint64(w, uint64(r.tag))
 		w = le.AppendUint64(w, uint64(r.until))
@@ -415,4 +415,14 @@ func (r *reader) i64() int64  { return int64(binary.LittleEndian.Uint64(r.take(8
 func (r *reader) bytes(n int) []byte {
 	b := r.take(n)
 	return append([]byte(nil), b...)
+}
+
+// nextGen is the generation a write stores: the last one plus one plus the
+// writing batch's token (its newest), as observe.lua computes it. A count
+// alone would let two histories of a group that parted in a failover (one
+// on the old master, one on the new) reach the same generation, and a
+// compare-and-set against a state read from one node pass on the other,
+// writing over counts acknowledged there; tokens are random per batch.
+func nextGen(gen uint32, token int64) uint32 {
+	return gen + 1 + uint32(uint64(token))
 }
