@@ -142,13 +142,9 @@ func (a *app) explain(ctx context.Context, args []string) int {
 	case *project == "" || *ruleID == "" || *group == "":
 		return a.usageError(cmd, "--project, --rule and --group (or --event) are required")
 	}
-	cfg, ok := a.config(cmd)
-	if !ok {
-		return exitUsage
-	}
-	rule, err := findRule(ctx, cfg, *rulesFile, *project, *ruleID)
-	if err != nil {
-		return a.fail(cmd, err)
+	cfg, rule, code, done := a.ruleOf(ctx, cmd, *rulesFile, *project, *ruleID)
+	if done {
+		return code
 	}
 	rdb, err := redisClient(cfg)
 	if err != nil {

@@ -34,6 +34,7 @@ import (
 	"syscall"
 
 	"github.com/klaxonhq/klaxon/internal/config"
+	"github.com/klaxonhq/klaxon/internal/rules"
 )
 
 // Exit codes.
@@ -166,6 +167,20 @@ func (a *app) config(cmd string) (config.Config, bool) {
 }
 
 // fail reports an error that kept a command from running.
+// ruleOf loads the settings and finds the rule a command names, as
+// explain, snooze and test-send begin; done means return code.
+func (a *app) ruleOf(ctx context.Context, cmd, file, project, ruleID string) (cfg config.Config, rule *rules.Rule, code int, done bool) {
+	cfg, ok := a.config(cmd)
+	if !ok {
+		return cfg, nil, exitUsage, true
+	}
+	rule, err := findRule(ctx, cfg, file, project, ruleID)
+	if err != nil {
+		return cfg, nil, a.fail(cmd, err), true
+	}
+	return cfg, rule, 0, false
+}
+
 func (a *app) fail(cmd string, err error) int {
 	fmt.Fprintf(a.stderr, "klaxon %s: %s\n", cmd, strings.TrimSpace(err.Error()))
 	return exitUsage

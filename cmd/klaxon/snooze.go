@@ -83,13 +83,9 @@ func (a *app) snooze(ctx context.Context, args []string) int {
 		}
 		end = t
 	}
-	cfg, ok := a.config(cmd)
-	if !ok {
-		return exitUsage
-	}
-	rule, err := findRule(ctx, cfg, *rulesFile, *project, *ruleID)
-	if err != nil {
-		return a.fail(cmd, err)
+	cfg, rule, code, done := a.ruleOf(ctx, cmd, *rulesFile, *project, *ruleID)
+	if done {
+		return code
 	}
 	rdb, err := redisClient(cfg)
 	if err != nil {

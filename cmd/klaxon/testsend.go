@@ -77,13 +77,9 @@ func (a *app) testSend(ctx context.Context, args []string) int {
 	case *project == "" || *ruleID == "":
 		return a.usageError(cmd, "--project and --rule are required")
 	}
-	cfg, ok := a.config(cmd)
-	if !ok {
-		return exitUsage
-	}
-	rule, err := findRule(ctx, cfg, *rulesFile, *project, *ruleID)
-	if err != nil {
-		return a.fail(cmd, err)
+	cfg, rule, code, done := a.ruleOf(ctx, cmd, *rulesFile, *project, *ruleID)
+	if done {
+		return code
 	}
 	targets := rule.Channels
 	if *only != "" {
