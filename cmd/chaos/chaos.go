@@ -77,8 +77,9 @@ type Result struct {
 	// worker SIGKILLed before it could record the send: gone already when
 	// the sink looked it up (and a worker was killed between the connection
 	// and the lookup), or killed within crashWindow of the sink reading the
-	// request; and whose next copy waited for the dead sender's claim to
-	// expire. That is the window docs/contract.md §4.5 allows: the provider took the
+	// request, or before the end of a Redis fault under way then (writes
+	// are not acknowledged until it is over); and whose next copy waited
+	// for the dead sender's claim to expire. That is the window docs/contract.md §4.5 allows: the provider took the
 	// message, Klaxon never learnt it. Every repeat must be one of these.
 	RepeatsAfterKill int `json:"repeatsAfterKill"`
 	// Bad counts requests whose body is not the notification its
@@ -301,7 +302,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			return
 		}
 		var err error
-		res.Faults, err = faults(kctx, fault, cfg.FaultEvery, log)
+		res.Faults, err = faults(kctx, fault, cfg.FaultEvery, f.faulted, log)
 		killerDone <- err
 	}()
 	pubErr := b.publish(ctx, res.Queue, p.Messages, cfg.Rate)
@@ -561,15 +562,22 @@ const (
 // reading r and the sender recording it: a named sender within
 // crashWindow of the read; a sender gone before the lookup when some
 // worker was killed between its connection (less crashWindow) and the read.
+// A send read during a Redis fault may stay unrecorded until the fault is
+// over (no write is acknowledged meanwhile: a failover, a WAIT for a
+// replica that is being resynced), so the window then lasts that long.
 func inCrashWindow(f *fleet, r request) bool {
+	var late time.Duration // how long after the read a kill still counts
+	if e := f.faultEnd(r.At); !e.IsZero() {
+		late = e.Sub(r.At) + crashWindow
+	}
 	switch sender := r.Sender(); sender {
 	case "":
 		return false
 	case gone:
-		return f.killedBetween(r.from.accepted.Add(-crashWindow), r.At)
+		return f.killedBetween(r.from.accepted.Add(-crashWindow), r.At.Add(late))
 	default:
 		t := f.killTime(sender)
-		return !t.IsZero() && t.Sub(r.At).Abs() <= crashWindow
+		return !t.IsZero() && t.Sub(r.At) >= -crashWindow && t.Sub(r.At) <= max(late, crashWindow)
 	}
 }
 

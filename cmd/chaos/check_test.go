@@ -103,6 +103,12 @@ func TestRepeatMustBeExplainedByAKillInTheCrashWindow(t *testing.T) {
 		{"gone, the only kill 800 ms earlier", gone, -800 * time.Millisecond, "w2#1", 4 * time.Second, false},
 		{"unknown sender", "", -1, "", 4 * time.Second, false},
 		{"killed at once, but the next copy came before the claim expired", "w1#1", 3 * time.Millisecond, "", 50 * time.Millisecond, false},
+		// A Redis fault from 1 s before the read to 5 s after it: the
+		// sender could not record its send until then.
+		{"killed 2.6 s after the read, during a Redis fault", "w1#1", 2600 * time.Millisecond, "", 16 * time.Second, true},
+		{"gone, a worker killed 2.6 s after the read, during a Redis fault", gone, 2600 * time.Millisecond, "w2#1", 16 * time.Second, true},
+		{"killed 6 s after the read, after the Redis fault", "w1#1", 6 * time.Second, "", 16 * time.Second, false},
+		{"killed 2 s before the read, during the Redis fault", "w1#1", -2 * time.Second, "", 16 * time.Second, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			kills := map[string]time.Time{"w1#1": {}, "w2#1": {}}
@@ -114,7 +120,11 @@ func TestRepeatMustBeExplainedByAKillInTheCrashWindow(t *testing.T) {
 				kills[victim] = t0.Add(c.killedAt)
 			}
 			reqs := []request{sent(t, p, id, c.sender, t0), sent(t, p, id, "w3#1", t0.Add(c.gap))}
-			res := check(p, reqs, killed(kills))
+			f := killed(kills)
+			if strings.Contains(c.name, "Redis fault") {
+				f.faulted(t0.Add(-time.Second), t0.Add(5*time.Second))
+			}
+			res := check(p, reqs, f)
 			if res.Repeats != 1 {
 				t.Fatalf("repeats %d, want 1", res.Repeats)
 			}

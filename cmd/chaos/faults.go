@@ -56,7 +56,8 @@ func newFaulter(kind string, opts *config.RedisOptions, slots int) (faulter, err
 
 // faults injects a fault every interval (after the previous one settled)
 // until ctx ends, and returns how many it injected.
-func faults(ctx context.Context, f faulter, every time.Duration, log *slog.Logger) (int, error) {
+// Each fault's span, from injection until it was over, goes to record.
+func faults(ctx context.Context, f faulter, every time.Duration, record func(from, to time.Time), log *slog.Logger) (int, error) {
 	n := 0
 	for {
 		if err := pause(ctx, every); err != nil {
@@ -71,6 +72,7 @@ func faults(ctx context.Context, f faulter, every time.Duration, log *slog.Logge
 			return n, fmt.Errorf("fault %d: %w", n+1, err)
 		}
 		n++
+		record(start, time.Now())
 		log.Info("fault", "n", n, "what", what, "took", time.Since(start).Round(time.Millisecond))
 	}
 }

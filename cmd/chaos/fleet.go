@@ -29,7 +29,11 @@ type fleet struct {
 	kills      int
 	unexpected []string // processes that exited without being told to
 	stopped    bool
+	faults     []span // Redis faults, from injection to recovery
 }
+
+// span is a stretch of time.
+type span struct{ from, to time.Time }
 
 // worker is one process.
 type worker struct {
@@ -262,6 +266,26 @@ func (f *fleet) killTime(name string) time.Time {
 	for _, w := range f.all {
 		if w.name == name {
 			return w.killedAt
+		}
+	}
+	return time.Time{}
+}
+
+// faulted records a Redis fault, from its injection until it was over.
+func (f *fleet) faulted(from, to time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.faults = append(f.faults, span{from, to})
+}
+
+// faultEnd is the end of the Redis fault under way at t (or starting
+// within crashWindow after it), or zero if there was none.
+func (f *fleet) faultEnd(t time.Time) time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, s := range f.faults {
+		if !t.Before(s.from.Add(-crashWindow)) && !t.After(s.to) {
+			return s.to
 		}
 	}
 	return time.Time{}
