@@ -163,6 +163,7 @@ func TestParseMetrics(t *testing.T) {
 # TYPE klaxon_events_total counter
 klaxon_events_total{outcome="counted"} 1500
 klaxon_events_total{outcome="unmatched"} 20
+klaxon_events_total{outcome="dead"} 60
 klaxon_batches_total{outcome="ok",stage="evaluator"} 7
 klaxon_batches_total{outcome="ok",stage="deliverer"} 3
 klaxon_events_totalx 9
@@ -171,7 +172,8 @@ klaxon_events_totalx 9
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m["events"] != 1520 || m["batches"] != 7 {
+	// Dead-lettered events are events too.
+	if m["events"] != 1580 || m["dead"] != 60 || m["batches"] != 7 {
 		t.Errorf("metrics %v", m)
 	}
 	if _, err := parseMetrics(strings.NewReader(`klaxon_events_total{outcome="x"} nope`)); err == nil {
@@ -284,6 +286,40 @@ func TestParseFlags(t *testing.T) {
 		t.Errorf("-queues 1,2,4: %v, %v", o.queues, err)
 	}
 	for _, args := range [][]string{{"-queues", "0"}, {"-queues", "300"}, {"-workers", "0"}, {"-systems", "nats"}, {"-env", "PATH=/x"}, {"-events", "0"}, {"-env", "KLAXON_QUEUE_TYPE=stream"}} {
+		if _, err := parseFlags(args, io.Discard); err == nil {
+			t.Errorf("parseFlags(%q) succeeded", args)
+		}
+	}
+}
+
+func TestParseFlagsBigMessages(t *testing.T) {
+	o, err := parseFlags(nil, io.Discard)
+	if err != nil || o.bigMessages != 0 {
+		t.Fatalf("without -big-messages: %d big messages, %v; want the throughput run", o.bigMessages, err)
+	}
+	o, err = parseFlags([]string{"-big-messages", "60"}, io.Discard)
+	if err != nil || o.bigMessages != 60 || o.bigMiB != 10 || o.bigTimeout != 5*time.Minute {
+		t.Errorf("-big-messages 60: %d × %d MiB within %s, %v; want 60 × 10 MiB within 5m", o.bigMessages, o.bigMiB, o.bigTimeout, err)
+	}
+	o, err = parseFlags([]string{"-big-messages", "10", "-big-mib", "2", "-big-timeout", "1m", "-worker", "/bin/k",
+		"-env", "KLAXON_MAX_HELD_BYTES=16GiB,GOMEMLIMIT=200MiB", "-amqp", "amqp://x/", "-redis", "redis://x/1", "-progress", "off"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.bigMessages != 10 || o.bigMiB != 2 || o.bigTimeout != time.Minute || o.workerBin != "/bin/k" || o.amqpURL != "amqp://x/" ||
+		o.workerEnv["KLAXON_MAX_HELD_BYTES"] != "16GiB" || o.workerEnv["GOMEMLIMIT"] != "200MiB" {
+		t.Errorf("got %+v", o)
+	}
+	if got := envString(o.workerEnv); got != "GOMEMLIMIT=200MiB,KLAXON_MAX_HELD_BYTES=16GiB" {
+		t.Errorf("env in the result line %q", got)
+	}
+	for _, args := range [][]string{
+		{"-big-messages", "0"}, {"-big-messages", "-1"}, {"-big-messages", "5", "-big-mib", "0"},
+		{"-big-messages", "5", "-big-timeout", "0s"}, {"-big-mib", "5"}, {"-big-timeout", "1m"},
+		// Flags of the throughput run would be ignored: refused instead.
+		{"-big-messages", "5", "-events", "100"}, {"-big-messages", "5", "-scale"}, {"-big-messages", "5", "-json"},
+		{"-big-messages", "5", "-env", "PATH=/x"},
+	} {
 		if _, err := parseFlags(args, io.Discard); err == nil {
 			t.Errorf("parseFlags(%q) succeeded", args)
 		}

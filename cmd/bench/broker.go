@@ -80,10 +80,10 @@ func (b *broker) purge(name string) error {
 }
 
 // fill publishes n messages made by msg, persistent, and returns once
-// every one is confirmed. It publishes 2000 at a time: done counts confirmed
-// messages for the progress bar.
-func (b *broker) fill(ctx context.Context, n int, msg func(i int) queue.Message, done *atomic.Int64) error {
-	const window = 2000
+// every one is confirmed. It publishes window at a time (2000 for events;
+// 1 for big messages, which the broker should take one by one): done counts
+// confirmed messages for the progress bar.
+func (b *broker) fill(ctx context.Context, n, window int, msg func(i int) queue.Message, done *atomic.Int64) error {
 	msgs := make([]queue.Message, 0, window)
 	for i := 0; i < n; i += window {
 		msgs = msgs[:0]

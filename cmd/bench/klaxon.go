@@ -113,8 +113,8 @@ func (w *worker) stop() error {
 }
 
 // metrics reads the worker's counters of interest from /metrics: the sum
-// of klaxon_events_total over outcomes ("events"), and the evaluator's
-// batches ("batches").
+// of klaxon_events_total over outcomes ("events"), the dead-lettered among
+// them ("dead"), and the evaluator's batches ("batches").
 func (w *worker) metrics(ctx context.Context, client *http.Client) (map[string]float64, error) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+w.addr+"/metrics", nil)
 	resp, err := client.Do(req)
@@ -130,18 +130,13 @@ func (w *worker) metrics(ctx context.Context, client *http.Client) (map[string]f
 
 // parseMetrics sums the Prometheus text exposition lines the bench needs.
 func parseMetrics(r io.Reader) (map[string]float64, error) {
-	out := map[string]float64{"events": 0, "batches": 0}
+	out := map[string]float64{"events": 0, "dead": 0, "batches": 0}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		var key string
-		switch {
-		case strings.HasPrefix(line, "klaxon_events_total{"):
-			key = "events"
-		case strings.HasPrefix(line, `klaxon_batches_total{`) && strings.Contains(line, `stage="evaluator"`):
-			key = "batches"
-		default:
+		keys := metricKeys(line)
+		if len(keys) == 0 {
 			continue
 		}
 		i := strings.LastIndexByte(line, ' ')
@@ -149,12 +144,28 @@ func parseMetrics(r io.Reader) (map[string]float64, error) {
 		if err != nil {
 			return nil, fmt.Errorf("metrics line %q: %w", line, err)
 		}
-		out[key] += v
+		for _, key := range keys {
+			out[key] += v
+		}
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read metrics: %w", err)
 	}
 	return out, nil
+}
+
+// metricKeys names the sums of parseMetrics a line adds to: a dead-lettered
+// event counts among the events too.
+func metricKeys(line string) []string {
+	switch {
+	case strings.HasPrefix(line, `klaxon_events_total{`) && strings.Contains(line, `outcome="dead"`):
+		return []string{"events", "dead"}
+	case strings.HasPrefix(line, "klaxon_events_total{"):
+		return []string{"events"}
+	case strings.HasPrefix(line, `klaxon_batches_total{`) && strings.Contains(line, `stage="evaluator"`):
+		return []string{"batches"}
+	}
+	return nil
 }
 
 // sumMetrics adds up one counter over the workers.

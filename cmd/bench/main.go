@@ -26,6 +26,18 @@
 // bare consumer reads the N queues at once, one connection each, and the
 // workers consume all of them. Hawk-style runs with one queue only.
 //
+// With -big-messages N it measures one thing instead: what a backlog of
+// big messages costs a worker in memory. It fills a queue of its own with
+// N persistent messages of -big-mib MiB (each over the 256 KiB an event may
+// have, so each is dead-lettered), confirmed one by one, starts the real
+// worker on it with an empty rules file, waits until the worker's
+// klaxon_events_total{outcome="dead"} reaches N, and prints the worker's
+// peak resident set (VmHWM) and the time from its start. Of the other
+// flags only -amqp, -redis, -worker, -env and -progress apply:
+//
+//	go run ./cmd/bench -big-messages 60 -big-mib 10                                  # KLAXON_MAX_HELD_BYTES at its default
+//	go run ./cmd/bench -big-messages 60 -big-mib 10 -env KLAXON_MAX_HELD_BYTES=16GiB # in effect no byte bound: the prefetch alone
+//
 // It needs Redis and RabbitMQ (single node; with -queues above 1, the
 // rabbitmq_consistent_hash_exchange plugin), and Go to build the worker
 // unless -worker names a binary. Every queue and Redis key it creates has
@@ -41,6 +53,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/signal"
@@ -88,6 +101,11 @@ type options struct {
 	pprofFile    string
 	pprofSeconds int
 	memory       bool // measure Redis memory after the first Klaxon run
+	// bigMessages, above 0, asks for the big-messages mode instead of the
+	// throughput run: that many messages of bigMiB MiB, given up on after
+	// bigTimeout (see runBigMessages).
+	bigMessages, bigMiB int
+	bigTimeout          time.Duration
 }
 
 func defaultOptions() options {
@@ -96,6 +114,7 @@ func defaultOptions() options {
 		workers: []int{1, 2, 3}, queues: []int{1}, systems: []string{"ceiling", "hawk", "klaxon"},
 		amqpURL: "amqp://guest:guest@127.0.0.1:5672/", redisURL: "redis://127.0.0.1:6379/0",
 		latency: 5 * time.Second, probeRate: 200, progress: "auto", pprofSeconds: 5, memory: true,
+		bigMiB: 10, bigTimeout: 5 * time.Minute,
 	}
 }
 
@@ -128,11 +147,17 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.pprofFile, "pprof", "", "write a CPU profile of the first worker of the first Klaxon run to this file (and its heap allocations to FILE.allocs)")
 	fs.IntVar(&o.pprofSeconds, "pprof-seconds", o.pprofSeconds, "length of the CPU profile")
 	fs.BoolVar(&o.memory, "memory", o.memory, "measure Redis memory per key after the first Klaxon run")
+	fs.IntVar(&o.bigMessages, "big-messages", 0, "instead of the throughput run: fill a queue with this many messages of -big-mib MiB, run one worker on it until it has dead-lettered them all, and print its peak RSS (VmHWM) and the time; only -amqp, -redis, -worker, -env and -progress apply with it")
+	fs.IntVar(&o.bigMiB, "big-mib", o.bigMiB, "with -big-messages: the size of each message, MiB (over the 256 KiB an event may have)")
+	fs.DurationVar(&o.bigTimeout, "big-timeout", o.bigTimeout, "with -big-messages: give up after this long")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if err := checkBigMessages(o, set); err != nil {
+		return o, err
+	}
 	if o.scale {
 		for name, apply := range map[string]func(){
 			"projects": func() { o.projects = 1000 },
@@ -198,6 +223,37 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	return o, nil
 }
 
+// bigMessagesFlags are the flags the big-messages mode reads.
+var bigMessagesFlags = []string{"big-messages", "big-mib", "big-timeout", "amqp", "redis", "worker", "env", "progress"}
+
+// checkBigMessages checks the big-messages flags against the flags set: a
+// flag the chosen mode does not read would be silently ignored, so it is
+// refused instead.
+func checkBigMessages(o options, set map[string]bool) error {
+	if !set["big-messages"] {
+		for _, name := range []string{"big-mib", "big-timeout"} {
+			if set[name] {
+				return fmt.Errorf("-%s needs -big-messages", name)
+			}
+		}
+		return nil
+	}
+	switch {
+	case o.bigMessages < 1:
+		return errors.New("-big-messages must be at least 1")
+	case o.bigMiB < 1:
+		return errors.New("-big-mib must be at least 1")
+	case o.bigTimeout <= 0:
+		return errors.New("-big-timeout must be positive")
+	}
+	for _, name := range slices.Sorted(maps.Keys(set)) {
+		if !slices.Contains(bigMessagesFlags, name) {
+			return fmt.Errorf("-%s does not apply with -big-messages", name)
+		}
+	}
+	return nil
+}
+
 func parseInts(s string) ([]int, error) {
 	var out []int
 	for f := range strings.SplitSeq(s, ",") {
@@ -220,28 +276,44 @@ func main() {
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	rep, err := run(ctx, o, os.Stderr)
+	err = measure(ctx, o)
+	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
+	}
+}
+
+// measure runs the mode o asks for and prints its result on stdout: the
+// big-messages line, or the report as a table or JSON.
+func measure(ctx context.Context, o options) error {
+	if o.bigMessages > 0 {
+		line, err := runBigMessages(ctx, o, os.Stderr)
+		if err != nil {
+			return err
+		}
+		fmt.Println(line)
+		return nil
+	}
+	rep, err := run(ctx, o, os.Stderr)
+	if err != nil {
+		return err
 	}
 	doc, err := json.MarshalIndent(rep, "", "  ")
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench:", err)
-		os.Exit(1)
+		return err
 	}
 	if o.jsonFile != "" {
 		if err := os.WriteFile(o.jsonFile, append(doc, '\n'), 0o644); err != nil {
-			fmt.Fprintln(os.Stderr, "bench:", err)
-			os.Exit(1)
+			return err
 		}
 	}
 	if o.json {
 		fmt.Println(string(doc))
-		return
+		return nil
 	}
 	writeTable(os.Stdout, rep)
+	return nil
 }
 
 // bench is one run's shared state.
@@ -273,10 +345,8 @@ type bench struct {
 
 // run measures every system o asks for and returns the report.
 func run(ctx context.Context, o options, stderr io.Writer) (rep *Report, err error) {
-	b := &bench{o: o, prog: newProgress(stderr, o.progress), http: &http.Client{Timeout: 30 * time.Second}}
+	b := newBench(o, stderr)
 	defer b.prog.end()
-	b.prefix = "kbench-" + strings.ToLower(rand.Text()[:10])
-	b.queue = b.prefix + ".events"
 	rep = &Report{
 		Started: time.Now().UTC(),
 		Settings: Settings{Events: o.events, Projects: o.projects, Rules: o.rules, Groups: o.groups,
@@ -284,16 +354,10 @@ func run(ctx context.Context, o options, stderr io.Writer) (rep *Report, err err
 		Host: Host{Cores: runtime.NumCPU(), LoadStart: loadAverage(), Go: runtime.Version()},
 	}
 
-	if b.dir, err = os.MkdirTemp("", "klaxon-bench-"); err != nil {
-		return nil, fmt.Errorf("temporary directory: %w", err)
+	if err := b.makeDir(); err != nil {
+		return nil, err
 	}
-	defer func() {
-		if err == nil {
-			os.RemoveAll(b.dir)
-		} else {
-			err = fmt.Errorf("%w (worker logs kept in %s)", err, b.dir)
-		}
-	}()
+	defer b.removeDir(&err)
 	if b.sink, err = startSink(); err != nil {
 		return nil, fmt.Errorf("webhook sink: %w", err)
 	}
@@ -312,12 +376,11 @@ func run(ctx context.Context, o options, stderr io.Writer) (rep *Report, err err
 		return nil, err
 	}
 
-	ropts, err := redis.ParseURL(o.redisURL)
+	err = b.connect()
+	defer b.close()
 	if err != nil {
-		return nil, fmt.Errorf("-redis: %w", err)
+		return nil, err
 	}
-	b.rdb = redis.NewClient(ropts)
-	defer b.rdb.Close()
 	info, err := readInfo(ctx, b.rdb)
 	if err != nil {
 		return nil, err
@@ -326,10 +389,6 @@ func run(ctx context.Context, o options, stderr io.Writer) (rep *Report, err err
 	if isProcess(info.processID, "redis-server") {
 		b.redisPID = info.processID
 	}
-	if b.br, err = dialBroker(o.amqpURL, o.queueType); err != nil {
-		return nil, err
-	}
-	defer b.br.Close()
 	rep.Host.RabbitMQ = b.br.version()
 	b.beamPID = findProcess("/proc", "beam.smp", "rabbit")
 	rep.Host.RedisPID, rep.Host.BrokerPID = b.redisPID, b.beamPID
@@ -369,11 +428,8 @@ func run(ctx context.Context, o options, stderr io.Writer) (rep *Report, err err
 				}
 				rep.Results = append(rep.Results, res)
 			case "klaxon":
-				if b.o.workerBin == "" {
-					b.prog.note("building ./cmd/worker")
-					if b.o.workerBin, err = buildWorker(ctx, b.dir); err != nil {
-						return nil, err
-					}
+				if err := b.buildWorker(ctx); err != nil {
+					return nil, err
 				}
 				if o.beforeBin != "" {
 					res, _, err := b.runKlaxon(ctx, o.beforeBin, "before", o.workers[0])
@@ -402,6 +458,94 @@ func run(ctx context.Context, o options, stderr io.Writer) (rep *Report, err err
 	}
 	rep.Host.LoadEnd = loadAverage()
 	return rep, nil
+}
+
+// newBench is a run's state before it has connected to anything: the
+// prefix of its queues and keys is unique to it.
+func newBench(o options, stderr io.Writer) *bench {
+	b := &bench{o: o, prog: newProgress(stderr, o.progress), http: &http.Client{Timeout: 30 * time.Second}}
+	b.prefix = "kbench-" + strings.ToLower(rand.Text()[:10])
+	b.queue = b.prefix + ".events"
+	return b
+}
+
+// makeDir makes the run's temporary directory, for the worker binary,
+// the rules file and the worker logs.
+func (b *bench) makeDir() error {
+	var err error
+	if b.dir, err = os.MkdirTemp("", "klaxon-bench-"); err != nil {
+		return fmt.Errorf("temporary directory: %w", err)
+	}
+	return nil
+}
+
+// removeDir removes the run's directory if *err is nil; after a failure it
+// keeps it, for the worker logs, and adds where it is to *err.
+func (b *bench) removeDir(err *error) {
+	if *err == nil {
+		os.RemoveAll(b.dir)
+	} else {
+		*err = fmt.Errorf("%w (worker logs kept in %s)", *err, b.dir)
+	}
+}
+
+// connect opens the run's Redis client and its broker connections. close
+// closes whatever it opened, even when it failed halfway.
+func (b *bench) connect() error {
+	ropts, err := redis.ParseURL(b.o.redisURL)
+	if err != nil {
+		return fmt.Errorf("-redis: %w", err)
+	}
+	b.rdb = redis.NewClient(ropts)
+	b.br, err = dialBroker(b.o.amqpURL, b.o.queueType)
+	return err
+}
+
+func (b *bench) close() {
+	if b.br != nil {
+		b.br.Close()
+	}
+	if b.rdb != nil {
+		b.rdb.Close()
+	}
+}
+
+// buildWorker builds ./cmd/worker into the run's directory, once, unless
+// -worker named a binary.
+func (b *bench) buildWorker(ctx context.Context) error {
+	if b.o.workerBin != "" {
+		return nil
+	}
+	b.prog.note("building ./cmd/worker")
+	var err error
+	b.o.workerBin, err = buildWorker(ctx, b.dir)
+	return err
+}
+
+// workerEnv is a worker's environment: the services, the events queue, the
+// rules file and kprefix, then own (what the measurement sets), then -env,
+// which wins over both.
+func (b *bench) workerEnv(kprefix string, own map[string]string) map[string]string {
+	env := map[string]string{
+		"KLAXON_AMQP_URL":   b.o.amqpURL,
+		"KLAXON_QUEUE":      b.queue,
+		"KLAXON_REDIS_URL":  b.o.redisURL,
+		"KLAXON_RULES_FILE": b.rulesYML,
+		"KLAXON_PREFIX":     kprefix,
+	}
+	maps.Copy(env, own)
+	maps.Copy(env, b.o.workerEnv)
+	return env
+}
+
+// workerQueues are the queues a worker with KLAXON_PREFIX kprefix declares
+// of its own, for the cleanup.
+func workerQueues(kprefix string) []string {
+	qs := []string{wire.DeliveryQueue(kprefix), wire.FailedQueue(kprefix)}
+	for _, d := range wire.RetryDelays() {
+		qs = append(qs, wire.RetryQueue(kprefix, d))
+	}
+	return qs
 }
 
 // measureRulesLoad loads and compiles the rules file as the worker does
@@ -481,7 +625,7 @@ func (b *bench) fill(ctx context.Context, label string) error {
 		}
 	}
 	done := b.prog.phase("fill for "+label, int64(b.o.events))
-	return b.br.fill(ctx, b.o.events, func(i int) queue.Message { return b.message(b.work.groupHash(i), b.bodies[i]) }, done)
+	return b.br.fill(ctx, b.o.events, 2000, func(i int) queue.Message { return b.message(b.work.groupHash(i), b.bodies[i]) }, done)
 }
 
 // readyAll is how many messages the incoming queues hold ready.
@@ -666,10 +810,7 @@ func (b *bench) runKlaxon(ctx context.Context, bin, variant string, k int) (Resu
 	if nq > 1 {
 		kprefix = fmt.Sprintf("%s-q%d", kprefix, nq)
 	}
-	b.queues = append(b.queues, wire.DeliveryQueue(kprefix), wire.FailedQueue(kprefix))
-	for _, d := range wire.RetryDelays() {
-		b.queues = append(b.queues, wire.RetryQueue(kprefix, d))
-	}
+	b.queues = append(b.queues, workerQueues(kprefix)...)
 	label := fmt.Sprintf("Klaxon ×%d", k)
 	if variant != "" {
 		label += " " + variant
@@ -688,23 +829,16 @@ func (b *bench) runKlaxon(ctx context.Context, bin, variant string, k int) (Resu
 		}
 	}
 
-	env := map[string]string{
-		"KLAXON_AMQP_URL":   b.o.amqpURL,
-		"KLAXON_QUEUE":      b.queue,
-		"KLAXON_REDIS_URL":  b.o.redisURL,
-		"KLAXON_RULES_FILE": b.rulesYML,
-		"KLAXON_PREFIX":     kprefix,
-		"KLAXON_LOG_LEVEL":  "info",
+	own := map[string]string{
+		"KLAXON_LOG_LEVEL": "info",
 		// The sink listens on loopback: endpoints from rules reach it only
 		// when the operator allows it.
 		"KLAXON_ALLOW_PRIVATE_NETWORKS": "127.0.0.0/8,::1/128",
 	}
 	if nq > 1 {
-		env["KLAXON_QUEUE_SHARDS"] = strconv.Itoa(nq)
+		own["KLAXON_QUEUE_SHARDS"] = strconv.Itoa(nq)
 	}
-	for key, v := range b.o.workerEnv {
-		env[key] = v
-	}
+	env := b.workerEnv(kprefix, own)
 	profile := !b.profileDone && b.o.pprofFile != ""
 	b.profileDone = true
 	b.prog.note("starting %d worker%s", k, plural(k))
