@@ -36,37 +36,38 @@ import (
 
 // Names of the environment variables Load reads.
 const (
-	EnvAMQPURL        = "KLAXON_AMQP_URL"
-	EnvQueue          = "KLAXON_QUEUE"
-	EnvQueueType      = "KLAXON_QUEUE_TYPE"
-	EnvQueueShards    = "KLAXON_QUEUE_SHARDS"
-	EnvQueues         = "KLAXON_QUEUES"
-	EnvRedisURL       = "KLAXON_REDIS_URL"
-	EnvMongoURL       = "KLAXON_MONGO_URL"
-	EnvEventsMongoURL = "KLAXON_EVENTS_MONGO_URL"
-	EnvRulesFile      = "KLAXON_RULES_FILE"
-	EnvPrefix         = "KLAXON_PREFIX"
-	EnvHTTPAddr       = "KLAXON_HTTP_ADDR"
-	EnvSMTPAddr       = "KLAXON_SMTP_ADDR"
-	EnvSMTPUsername   = "KLAXON_SMTP_USERNAME"
-	EnvSMTPPassword   = "KLAXON_SMTP_PASSWORD"
-	EnvSMTPFrom       = "KLAXON_SMTP_FROM"
-	EnvSMTPTLS        = "KLAXON_SMTP_TLS"
-	EnvTelegramToken  = "KLAXON_TELEGRAM_TOKEN"
-	EnvTelegramAPIURL = "KLAXON_TELEGRAM_API_URL"
-	EnvLogLevel       = "KLAXON_LOG_LEVEL"
-	EnvRole           = "KLAXON_ROLE"
-	EnvPrefetch       = "KLAXON_PREFETCH"
-	EnvBatchSize      = "KLAXON_BATCH_SIZE"
-	EnvMaxHeldBytes   = "KLAXON_MAX_HELD_BYTES"
-	EnvGroupsPerCall  = "KLAXON_REDIS_GROUPS_PER_CALL"
-	EnvDedupTTL       = "KLAXON_DEDUP_TTL"
-	EnvWaitReplicas   = "KLAXON_REDIS_WAIT_REPLICAS"
-	EnvWaitTimeout    = "KLAXON_REDIS_WAIT_TIMEOUT"
-	EnvRulesRefresh   = "KLAXON_RULES_REFRESH"
-	EnvSendTimeout    = "KLAXON_SEND_TIMEOUT"
-	EnvPprof          = "KLAXON_PPROF"
-	EnvStormOver      = "KLAXON_STORM_OVER"
+	EnvAMQPURL         = "KLAXON_AMQP_URL"
+	EnvQueue           = "KLAXON_QUEUE"
+	EnvQueueType       = "KLAXON_QUEUE_TYPE"
+	EnvQueueShards     = "KLAXON_QUEUE_SHARDS"
+	EnvQueues          = "KLAXON_QUEUES"
+	EnvRedisURL        = "KLAXON_REDIS_URL"
+	EnvMongoURL        = "KLAXON_MONGO_URL"
+	EnvEventsMongoURL  = "KLAXON_EVENTS_MONGO_URL"
+	EnvRulesFile       = "KLAXON_RULES_FILE"
+	EnvPrefix          = "KLAXON_PREFIX"
+	EnvHTTPAddr        = "KLAXON_HTTP_ADDR"
+	EnvSMTPAddr        = "KLAXON_SMTP_ADDR"
+	EnvSMTPUsername    = "KLAXON_SMTP_USERNAME"
+	EnvSMTPPassword    = "KLAXON_SMTP_PASSWORD"
+	EnvSMTPFrom        = "KLAXON_SMTP_FROM"
+	EnvSMTPTLS         = "KLAXON_SMTP_TLS"
+	EnvTelegramToken   = "KLAXON_TELEGRAM_TOKEN"
+	EnvTelegramAPIURL  = "KLAXON_TELEGRAM_API_URL"
+	EnvLogLevel        = "KLAXON_LOG_LEVEL"
+	EnvRole            = "KLAXON_ROLE"
+	EnvPrefetch        = "KLAXON_PREFETCH"
+	EnvBatchSize       = "KLAXON_BATCH_SIZE"
+	EnvBatchesInFlight = "KLAXON_BATCHES_IN_FLIGHT"
+	EnvMaxHeldBytes    = "KLAXON_MAX_HELD_BYTES"
+	EnvGroupsPerCall   = "KLAXON_REDIS_GROUPS_PER_CALL"
+	EnvDedupTTL        = "KLAXON_DEDUP_TTL"
+	EnvWaitReplicas    = "KLAXON_REDIS_WAIT_REPLICAS"
+	EnvWaitTimeout     = "KLAXON_REDIS_WAIT_TIMEOUT"
+	EnvRulesRefresh    = "KLAXON_RULES_REFRESH"
+	EnvSendTimeout     = "KLAXON_SEND_TIMEOUT"
+	EnvPprof           = "KLAXON_PPROF"
+	EnvStormOver       = "KLAXON_STORM_OVER"
 	// Endpoints from rules (internal/netguard).
 	EnvAllowPrivateNetworks = "KLAXON_ALLOW_PRIVATE_NETWORKS"
 	EnvAllowPorts           = "KLAXON_ALLOW_PORTS"
@@ -118,19 +119,20 @@ const (
 	defaultRole         = string(RoleAll)
 	// classic: what every earlier Klaxon made, so an upgrade finds its queues
 	// as it declares them, and a single broker gains nothing from quorum.
-	defaultQueueType     = "classic"
-	defaultPrefetch      = 2000
-	defaultBatchSize     = 1000
-	defaultGroupsPerCall = 32
-	defaultDedupTTL      = 10 * time.Minute
-	defaultWaitTimeout   = time.Second
-	defaultRefresh       = 5 * time.Second
-	defaultSendTimeout   = 10 * time.Second
-	defaultPprof         = false
-	defaultStormOver     = false
-	defaultAllowPorts    = "80,443"
-	defaultSlackHosts    = "hooks.slack.com/services/"
-	defaultTelegramHooks = "notify.bot.codex.so"
+	defaultQueueType       = "classic"
+	defaultPrefetch        = 2000
+	defaultBatchSize       = 1000
+	defaultBatchesInFlight = 2
+	defaultGroupsPerCall   = 32
+	defaultDedupTTL        = 10 * time.Minute
+	defaultWaitTimeout     = time.Second
+	defaultRefresh         = 5 * time.Second
+	defaultSendTimeout     = 10 * time.Second
+	defaultPprof           = false
+	defaultStormOver       = false
+	defaultAllowPorts      = "80,443"
+	defaultSlackHosts      = "hooks.slack.com/services/"
+	defaultTelegramHooks   = "notify.bot.codex.so"
 	// Loop is installed on each customer's own servers: no host is
 	// everyone's. Operators narrow it to theirs.
 	defaultLoopHosts     = "*"
@@ -185,6 +187,7 @@ func Variables() []Variable {
 		{EnvRole, "", defaultRole, false, "what this process runs: all, evaluator or deliverer"},
 		{EnvPrefetch, "", strconv.Itoa(defaultPrefetch), false, "unacknowledged messages one worker holds per queue (1-65535)"},
 		{EnvBatchSize, "", strconv.Itoa(defaultBatchSize), false, "most events counted in one Redis call; at most KLAXON_PREFETCH"},
+		{EnvBatchesInFlight, "", strconv.Itoa(defaultBatchesInFlight), false, "batches of an incoming queue one worker handles at once (1-4): one counts while the others decode and match; 1 keeps batches larger, so Redis reads and writes each group's state less often"},
 		{EnvMaxHeldBytes, "", formatSize(defaultHeldBytes), false, "bytes of incoming messages a worker holds unacknowledged before it pauses consuming (1MiB-16GiB)"},
 		{EnvGroupsPerCall, "", strconv.Itoa(defaultGroupsPerCall), false, "(project, group)s counted in one Lua call on a single Redis node or Sentinel (1-1000; always 1 on Cluster); 1 behind a proxy that routes commands by key"},
 		{EnvDedupTTL, "", formatDuration(defaultDedupTTL), false, "how long a message's identity (message-id, else repetitionId) is remembered for de-duplication"},
@@ -238,31 +241,32 @@ type Config struct {
 	// EventsMongoURL is Hawk's events database (KLAXON_EVENTS_MONGO_URL),
 	// "" when not configured; EventsDatabase is the database its path
 	// names, "hawk_events" when none.
-	EventsMongoURL string
-	EventsDatabase string
-	RulesFile      string        // KLAXON_RULES_FILE; "" = rules come from MongoDB
-	Prefix         string        // KLAXON_PREFIX
-	HTTPAddr       string        // KLAXON_HTTP_ADDR
-	SMTPAddr       string        // KLAXON_SMTP_ADDR; "" = email channel not configured
-	SMTPUsername   string        // KLAXON_SMTP_USERNAME; "" = no SMTP AUTH
-	SMTPPassword   string        // KLAXON_SMTP_PASSWORD
-	SMTPFrom       string        // KLAXON_SMTP_FROM, an RFC 5322 address
-	SMTPTLS        email.TLSMode // KLAXON_SMTP_TLS
-	TelegramToken  string        // KLAXON_TELEGRAM_TOKEN; "" = Telegram channel not configured
-	TelegramAPI    string        // KLAXON_TELEGRAM_API_URL, without a trailing slash
-	LogLevel       slog.Level    // KLAXON_LOG_LEVEL
-	Role           Role          // KLAXON_ROLE
-	Prefetch       int           // KLAXON_PREFETCH, 1..65535
-	BatchSize      int           // KLAXON_BATCH_SIZE, 1..Prefetch
-	MaxHeldBytes   int64         // KLAXON_MAX_HELD_BYTES, of the incoming queue's consumer
-	GroupsPerCall  int           // KLAXON_REDIS_GROUPS_PER_CALL, 1..1000
-	DedupTTL       time.Duration // KLAXON_DEDUP_TTL, > 0
-	WaitReplicas   int           // KLAXON_REDIS_WAIT_REPLICAS, 0..16; 0 = no WAIT
-	WaitTimeout    time.Duration // KLAXON_REDIS_WAIT_TIMEOUT, > 0
-	RulesRefresh   time.Duration // KLAXON_RULES_REFRESH, > 0
-	SendTimeout    time.Duration // KLAXON_SEND_TIMEOUT, > 0
-	Pprof          bool          // KLAXON_PPROF: serve /debug/pprof/ on HTTPAddr
-	StormOver      bool          // KLAXON_STORM_OVER: "storm over" messages for rules that do not say
+	EventsMongoURL  string
+	EventsDatabase  string
+	RulesFile       string        // KLAXON_RULES_FILE; "" = rules come from MongoDB
+	Prefix          string        // KLAXON_PREFIX
+	HTTPAddr        string        // KLAXON_HTTP_ADDR
+	SMTPAddr        string        // KLAXON_SMTP_ADDR; "" = email channel not configured
+	SMTPUsername    string        // KLAXON_SMTP_USERNAME; "" = no SMTP AUTH
+	SMTPPassword    string        // KLAXON_SMTP_PASSWORD
+	SMTPFrom        string        // KLAXON_SMTP_FROM, an RFC 5322 address
+	SMTPTLS         email.TLSMode // KLAXON_SMTP_TLS
+	TelegramToken   string        // KLAXON_TELEGRAM_TOKEN; "" = Telegram channel not configured
+	TelegramAPI     string        // KLAXON_TELEGRAM_API_URL, without a trailing slash
+	LogLevel        slog.Level    // KLAXON_LOG_LEVEL
+	Role            Role          // KLAXON_ROLE
+	Prefetch        int           // KLAXON_PREFETCH, 1..65535
+	BatchSize       int           // KLAXON_BATCH_SIZE, 1..Prefetch
+	BatchesInFlight int           // KLAXON_BATCHES_IN_FLIGHT, 1..4
+	MaxHeldBytes    int64         // KLAXON_MAX_HELD_BYTES, of the incoming queue's consumer
+	GroupsPerCall   int           // KLAXON_REDIS_GROUPS_PER_CALL, 1..1000
+	DedupTTL        time.Duration // KLAXON_DEDUP_TTL, > 0
+	WaitReplicas    int           // KLAXON_REDIS_WAIT_REPLICAS, 0..16; 0 = no WAIT
+	WaitTimeout     time.Duration // KLAXON_REDIS_WAIT_TIMEOUT, > 0
+	RulesRefresh    time.Duration // KLAXON_RULES_REFRESH, > 0
+	SendTimeout     time.Duration // KLAXON_SEND_TIMEOUT, > 0
+	Pprof           bool          // KLAXON_PPROF: serve /debug/pprof/ on HTTPAddr
+	StormOver       bool          // KLAXON_STORM_OVER: "storm over" messages for rules that do not say
 	// What endpoints from rules may reach, in canonical comma-separated
 	// form (kept as strings so that a Config compares with ==); use
 	// EndpointPolicy, SlackPatterns and TelegramHookPatterns.
@@ -493,6 +497,7 @@ func Load(getenv func(string) string) (Config, error) {
 	c.LogLevel = l.logLevel()
 	c.Role = l.role()
 	c.Prefetch, c.BatchSize = l.batching()
+	c.BatchesInFlight = l.count(EnvBatchesInFlight, defaultBatchesInFlight, 1, 4)
 	c.MaxHeldBytes = l.size(EnvMaxHeldBytes, defaultHeldBytes, 1<<20, 16<<30)
 	c.GroupsPerCall = l.groupsPerCall()
 	c.DedupTTL = l.duration(EnvDedupTTL, defaultDedupTTL)

@@ -45,6 +45,7 @@ func TestLoadDefaults(t *testing.T) {
 		QueueType:         "classic",
 		Prefetch:          2000,
 		BatchSize:         1000,
+		BatchesInFlight:   2,
 		MaxHeldBytes:      64 << 20,
 		GroupsPerCall:     32,
 		DedupTTL:          10 * time.Minute,
@@ -235,6 +236,8 @@ func TestLoadValues(t *testing.T) {
 		{"one queue by default", nil, func(c Config) bool {
 			return slices.Equal(c.IncomingQueues(), []IncomingQueue{{Name: "notifier"}})
 		}},
+		{"batches in flight, default", nil, func(c Config) bool { return c.BatchesInFlight == 2 }},
+		{"one batch in flight", map[string]string{EnvBatchesInFlight: "1"}, func(c Config) bool { return c.BatchesInFlight == 1 }},
 		{"hashed queues, all consumed", map[string]string{EnvQueueShards: "2"}, func(c Config) bool {
 			return slices.Equal(c.IncomingQueues(), []IncomingQueue{{Name: "notifier"},
 				{Name: "notifier.0", Exchange: "notifier.hash"}, {Name: "notifier.1", Exchange: "notifier.hash"}})
@@ -309,6 +312,8 @@ func TestLoadInvalid(t *testing.T) {
 		{map[string]string{EnvQueue: "amq.events"}, EnvQueue, "reserves"},
 		{map[string]string{EnvQueueType: "stream"}, EnvQueueType, "classic, quorum"},
 		{map[string]string{EnvQueue: strings.Repeat("q", 251)}, EnvQueue, "250"},
+		{map[string]string{EnvBatchesInFlight: "0"}, EnvBatchesInFlight, "from 1 to 4"},
+		{map[string]string{EnvBatchesInFlight: "5"}, EnvBatchesInFlight, "from 1 to 4"},
 		{map[string]string{EnvQueueShards: "-1"}, EnvQueueShards, "from 0 to 256"},
 		{map[string]string{EnvQueueShards: "257"}, EnvQueueShards, "from 0 to 256"},
 		{map[string]string{EnvQueueShards: "four"}, EnvQueueShards, "whole number"},
