@@ -122,7 +122,7 @@ const (
 	defaultQueueType       = "classic"
 	defaultPrefetch        = 2000
 	defaultBatchSize       = 1000
-	defaultBatchesInFlight = 2
+	defaultBatchesInFlight = 1
 	defaultGroupsPerCall   = 32
 	defaultDedupTTL        = 10 * time.Minute
 	defaultWaitTimeout     = time.Second
@@ -187,7 +187,7 @@ func Variables() []Variable {
 		{EnvRole, "", defaultRole, false, "what this process runs: all, evaluator or deliverer"},
 		{EnvPrefetch, "", strconv.Itoa(defaultPrefetch), false, "unacknowledged messages one worker holds per queue (1-65535)"},
 		{EnvBatchSize, "", strconv.Itoa(defaultBatchSize), false, "most events counted in one Redis call; at most KLAXON_PREFETCH"},
-		{EnvBatchesInFlight, "", strconv.Itoa(defaultBatchesInFlight), false, "batches of an incoming queue one worker handles at once (1-4): one counts while the others decode and match; 1 keeps batches larger, so Redis reads and writes each group's state less often"},
+		{EnvBatchesInFlight, "", strconv.Itoa(defaultBatchesInFlight), false, "batches of an incoming queue one worker handles at once (1-4): with more than 1 the others decode and match while one counts, in smaller batches: more Redis reads and writes of each group's state an event"},
 		{EnvMaxHeldBytes, "", formatSize(defaultHeldBytes), false, "bytes of incoming messages a worker holds unacknowledged before it pauses consuming (1MiB-16GiB)"},
 		{EnvGroupsPerCall, "", strconv.Itoa(defaultGroupsPerCall), false, "(project, group)s counted in one Lua call on a single Redis node or Sentinel (1-1000; always 1 on Cluster); 1 behind a proxy that routes commands by key"},
 		{EnvDedupTTL, "", formatDuration(defaultDedupTTL), false, "how long a message's identity (message-id, else repetitionId) is remembered for de-duplication"},

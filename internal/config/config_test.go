@@ -45,7 +45,7 @@ func TestLoadDefaults(t *testing.T) {
 		QueueType:         "classic",
 		Prefetch:          2000,
 		BatchSize:         1000,
-		BatchesInFlight:   2,
+		BatchesInFlight:   1,
 		MaxHeldBytes:      64 << 20,
 		GroupsPerCall:     32,
 		DedupTTL:          10 * time.Minute,
@@ -236,8 +236,8 @@ func TestLoadValues(t *testing.T) {
 		{"one queue by default", nil, func(c Config) bool {
 			return slices.Equal(c.IncomingQueues(), []IncomingQueue{{Name: "notifier"}})
 		}},
-		{"batches in flight, default", nil, func(c Config) bool { return c.BatchesInFlight == 2 }},
-		{"one batch in flight", map[string]string{EnvBatchesInFlight: "1"}, func(c Config) bool { return c.BatchesInFlight == 1 }},
+		{"batches in flight, default", nil, func(c Config) bool { return c.BatchesInFlight == 1 }},
+		{"two batches in flight", map[string]string{EnvBatchesInFlight: "2"}, func(c Config) bool { return c.BatchesInFlight == 2 }},
 		{"hashed queues, all consumed", map[string]string{EnvQueueShards: "2"}, func(c Config) bool {
 			return slices.Equal(c.IncomingQueues(), []IncomingQueue{{Name: "notifier"},
 				{Name: "notifier.0", Exchange: "notifier.hash"}, {Name: "notifier.1", Exchange: "notifier.hash"}})
