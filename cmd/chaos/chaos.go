@@ -82,6 +82,12 @@ type Result struct {
 	// for the dead sender's claim to expire. That is the window docs/contract.md §4.5 allows: the provider took the
 	// message, Klaxon never learnt it. Every repeat must be one of these.
 	RepeatsAfterKill int `json:"repeatsAfterKill"`
+	// RepeatsUnrecorded counts the other repeats whose previous copy's
+	// sender logged that Redis refused to record its send (a failover under
+	// way), and whose next copy came once its claim had lapsed: a second job
+	// carrying the same firing, taken meanwhile by another worker
+	// (docs/guarantees.md, Redis Sentinel failover).
+	RepeatsUnrecorded int `json:"repeatsUnrecorded"`
 	// Bad counts requests whose body is not the notification its
 	// Idempotency-Key names (project, rule, group, firedAt), or that were
 	// not a POST to the webhook's path.
@@ -123,7 +129,7 @@ type repeat struct {
 // OK reports whether the run upheld docs/contract.md §4.5.
 func (r *Result) OK() bool {
 	return r.Missed == 0 && r.Extra == 0 && r.Bad == 0 && len(r.UnexpectedExits) == 0 && r.Unsettled == "" &&
-		r.Repeats == r.RepeatsAfterKill && r.Failed == 0 && r.Dead == 0
+		r.Repeats == r.RepeatsAfterKill+r.RepeatsUnrecorded && r.Failed == 0 && r.Dead == 0
 }
 
 // MarshalJSON adds the durations in seconds.
@@ -523,8 +529,11 @@ func compare(res *Result, p *plan, reqs []request, f *fleet) {
 			if i == 0 && killed && r.Sender() != gone {
 				rp.KilledAfter = after.Round(time.Microsecond).String()
 			}
-			if inCrashWindow(f, r) && got[i+1].At.Sub(r.At) >= minRepeatGap {
+			switch waited := got[i+1].At.Sub(r.At) >= minRepeatGap; {
+			case waited && inCrashWindow(f, r):
 				res.RepeatsAfterKill++
+			case waited && f.unrecorded(r.Sender(), id):
+				res.RepeatsUnrecorded++
 			}
 		}
 		res.Repeated = append(res.Repeated, rp)

@@ -3,6 +3,8 @@ package main
 import (
 	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -262,5 +264,38 @@ func TestGroupedMessageDeliversEachFiring(t *testing.T) {
 	reqs = append(reqs, sent(t, p, ids[0], "w1#1", t0.Add(time.Second)))
 	if res := check(p, reqs, killed(map[string]time.Time{"w1#1": {}})); res.OK() || res.Repeats != 1 {
 		t.Fatalf("a firing sent in a group and alone passes: %+v", res)
+	}
+}
+
+// A repeat whose first sender lived but logged that Redis refused to record
+// its send is the failover's documented repeat: another job of the same
+// firing, taken once the claim lapsed. Without that line, or before the
+// claim could lapse, it fails the run.
+func TestRepeatExplainedByARefusedRecord(t *testing.T) {
+	p := onePlan(1)
+	id := p.ids()[0]
+	refused := `{"level":"WARN","msg":"handler failed; holding the batch to retry it","err":"record k:sent:other:webhook, k:sent:` +
+		id + `:webhook as sent: 0 of 1 replicas acknowledged the write within 1s"}` + "\n"
+	for _, c := range []struct {
+		name string
+		log  string
+		gap  time.Duration
+		ok   bool
+	}{
+		{"record refused, next copy after the claim lapsed", refused, 16 * time.Second, true},
+		{"record refused, next copy too soon", refused, 50 * time.Millisecond, false},
+		{"nothing refused", `{"msg":"notification sent","notification_id":"` + id + `"}` + "\n", 16 * time.Second, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "w1-1.log")
+			if err := os.WriteFile(path, []byte(c.log), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			f := &fleet{all: []*worker{{name: "w1#1", log: path}}}
+			res := check(p, []request{sent(t, p, id, "w1#1", t0), sent(t, p, id, "w2#1", t0.Add(c.gap))}, f)
+			if res.OK() != c.ok {
+				t.Errorf("OK() = %t, want %t (repeats %d, unrecorded %d)", res.OK(), c.ok, res.Repeats, res.RepeatsUnrecorded)
+			}
+		})
 	}
 }

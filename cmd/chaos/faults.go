@@ -63,8 +63,10 @@ func faults(ctx context.Context, f faulter, every time.Duration, record func(fro
 		if err := pause(ctx, every); err != nil {
 			return n, err
 		}
+		// A fault once injected runs its course (inject bounds itself): cut
+		// short, a failover would go on unwatched into the settle phase.
 		start := time.Now()
-		what, err := f.inject(ctx)
+		what, err := f.inject(context.WithoutCancel(ctx))
 		if err != nil {
 			if ctx.Err() != nil {
 				return n, ctx.Err()

@@ -291,6 +291,34 @@ func (f *fleet) faultEnd(t time.Time) time.Time {
 	return time.Time{}
 }
 
+// unrecorded reports whether the named process logged that Redis refused
+// to record the send of notification id: the deliverer's "record <keys> as
+// sent: …" error names each firing's key, "<prefix>:sent:<id>:<channel>".
+func (f *fleet) unrecorded(name, id string) bool {
+	f.mu.Lock()
+	var path string
+	for _, w := range f.all {
+		if w.name == name {
+			path = w.log
+		}
+	}
+	f.mu.Unlock()
+	if path == "" {
+		return false
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false
+	}
+	for line := range strings.Lines(string(b)) {
+		if strings.Contains(line, `"err":"record `) && strings.Contains(line, ":sent:"+id+":") &&
+			strings.Contains(line, " as sent: ") {
+			return true
+		}
+	}
+	return false
+}
+
 // killedBetween reports whether any process was SIGKILLed within [from, to].
 func (f *fleet) killedBetween(from, to time.Time) bool {
 	f.mu.Lock()

@@ -92,6 +92,9 @@ func printTable(w io.Writer, r *Result) {
 		fmt.Fprintf(w, "Redis faults: %d × %s, workers waiting for %d replicas\n", r.Faults, r.Fault, r.WaitReplicas)
 	}
 	fmt.Fprintf(w, "repeats whose previous copy's sender was SIGKILLed before recording it: %d of %d\n", r.RepeatsAfterKill, r.Repeats)
+	if r.RepeatsUnrecorded > 0 {
+		fmt.Fprintf(w, "repeats whose previous copy's sender logged that Redis refused its record: %d\n", r.RepeatsUnrecorded)
+	}
 	for _, rp := range r.Repeated {
 		var from string
 		switch {

@@ -216,7 +216,17 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			return err
 		}
 		consumers = append(consumers, consumer{dlv.Queue(), c})
-		work = append(work, func(ctx context.Context) error { return c.Consume(ctx, dlv.Handle) })
+		work = append(work, func(ctx context.Context) error {
+			err := c.Consume(ctx, dlv.Handle)
+			// Sends whose outcome Redis refused are known only to this
+			// process: record them before it goes.
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), flushTimeout)
+			defer cancel()
+			if ferr := dlv.Flush(fctx); ferr != nil {
+				log.Warn("stopping with notification outcomes unrecorded", "stage", "deliverer", "error", ferr)
+			}
+			return err
+		})
 	}
 
 	checks := map[string]func(context.Context) error{
@@ -324,6 +334,11 @@ type redisLogger struct{ log *slog.Logger }
 func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	l.log.WarnContext(ctx, "redis client", "detail", fmt.Sprintf(format, v...))
 }
+
+// flushTimeout bounds how long a stopping worker tries to record the
+// outcomes of sends Redis refused to record (a failover under way): well
+// inside the 10 s a stop may take.
+const flushTimeout = 5 * time.Second
 
 func deliveryQueue(cfg config.Config) string { return cfg.Prefix + ".deliveries" }
 

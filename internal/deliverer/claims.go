@@ -153,6 +153,34 @@ func (d *Deliverer) replicated(ctx context.Context, write func(redis.Cmdable) er
 	return err
 }
 
+// Flush records, before the process stops, the outcomes it could not
+// record yet (Redis failed right after a send). Kept only in memory, they
+// would go with it, and the job's next deliverer would send the message
+// again once the claim expired. It tries until every one is recorded or
+// ctx ends, and then says how many are left.
+func (d *Deliverer) Flush(ctx context.Context) error {
+	for {
+		var left int
+		var last error
+		d.unrecorded.Range(func(k, v any) bool {
+			if err := d.record(ctx, k.(string), v.(unrecorded).state); err != nil {
+				left, last = left+1, err
+				return true
+			}
+			d.unrecorded.Delete(k)
+			return true
+		})
+		if left == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d notification outcomes left unrecorded: their messages may be sent again: %w", left, last)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 // unrecorded is an outcome this process could not record (Redis failed
 // right after a send).
 type unrecorded struct {

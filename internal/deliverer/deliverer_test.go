@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -587,4 +588,51 @@ func (c *commands) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 func (c *commands) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// A send whose record Redis refused is kept in memory and recorded at the
+// job's next try; a worker that stops first records it on its way out
+// (Flush), or says how many it could not.
+func TestFlushRecordsOutcomesKeptInMemory(t *testing.T) {
+	ctx := context.Background()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	prefix := testenv.KeyPrefix(t)
+	cfg := Config{Prefix: prefix, Channels: map[string]notify.Channel{"slack": &recorder{}}, Logger: log,
+		Metrics: metrics.New(prometheus.NewRegistry())}
+
+	// Redis down: nothing can be recorded before the deadline.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().String()
+	l.Close() // nothing listens there now
+	down := redis.NewClient(&redis.Options{Addr: closed, MaxRetries: -1})
+	t.Cleanup(func() { down.Close() })
+	cfg.Redis = down
+	d := New(cfg)
+	keys := []string{d.claimKey("n1:slack"), d.claimKey("n2:slack")}
+	d.remember(keys, "sent")
+	dctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if err := d.Flush(dctx); err == nil || !strings.Contains(err.Error(), "2 notification outcomes left unrecorded") {
+		t.Fatalf("Flush with Redis down: %v, want an error counting 2 outcomes left", err)
+	}
+
+	// Redis back: both are recorded, and nothing is left to flush.
+	rdb := testenv.Redis(t)
+	d.rdb = rdb
+	if err := d.Flush(ctx); err != nil {
+		t.Fatalf("Flush: %v", err)
+	}
+	for _, k := range keys {
+		if v := rdb.Get(ctx, k).Val(); v != "sent" {
+			t.Errorf("%s = %q, want sent", k, v)
+		}
+	}
+	left := 0
+	d.unrecorded.Range(func(any, any) bool { left++; return true })
+	if left != 0 {
+		t.Errorf("%d outcomes still kept after Flush", left)
+	}
 }
