@@ -69,8 +69,9 @@ func runFaults(t *testing.T, cfg Config) *Result {
 	cfg.AMQPURL = testenv.AMQPURL(t)
 	cfg.Dir = t.TempDir()
 	if dir := os.Getenv("KLAXON_TEST_CHAOS_DIR"); dir != "" {
-		// Kept, with the workers' info lines, to trace a finding.
-		cfg.Dir, cfg.Keep, cfg.LogLevel = dir, true, "info"
+		// Kept, with the workers' debug lines (every event counted, with
+		// its id and what it fired), to trace a finding.
+		cfg.Dir, cfg.Keep, cfg.LogLevel = dir, true, "debug"
 	}
 	cfg.Log = slog.New(slog.NewTextHandler(testWriter{t}, nil))
 	res, err := Run(context.Background(), cfg)

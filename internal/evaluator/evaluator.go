@@ -373,8 +373,12 @@ func outcomeName(o int) string {
 // batch that failed and comes again is thus counted once.
 func (e *Evaluator) record(tally tally, events []counter.Event, results []counter.Result, regs *regressions) {
 	evaluated := 0
+	trace := e.Log.Enabled(context.Background(), slog.LevelDebug)
 	for i, res := range results {
 		ev := &events[i]
+		if trace {
+			e.traceEvent(ev, &res)
+		}
 		if res.Duplicate {
 			tally[outDuplicate]++
 		} else {
@@ -406,6 +410,21 @@ func (e *Evaluator) record(tally tally, events []counter.Event, results []counte
 			e.Metrics.Events.WithLabelValues(outcomeName(outcome)).Add(float64(n))
 		}
 	}
+}
+
+// traceEvent logs, at debug, what counting made of one event: with every
+// event's identity and outcome in the logs, a notification missing after a
+// failure can be followed to the batch that counted (or did not count) its
+// events.
+func (e *Evaluator) traceEvent(ev *counter.Event, res *counter.Result) {
+	var fired []string
+	for k := range res.Outcomes {
+		if o := &res.Outcomes[k]; o.Fired {
+			fired = append(fired, o.Rule.ID)
+		}
+	}
+	e.Log.Debug("event counted", "project", ev.ProjectID, "group", ev.GroupHash, "id", ev.ID,
+		"redelivered", ev.Redelivered, "duplicate", res.Duplicate, "fired", fired)
 }
 
 // jobs turns the firings of one event into delivery jobs: one per

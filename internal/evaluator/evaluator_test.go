@@ -553,3 +553,25 @@ func TestFiringsOfStormOverRulesStartStorms(t *testing.T) {
 		t.Fatalf("Handle = %v, want the storm's error", err)
 	}
 }
+
+// At debug, every counted event is logged with its identity and what it
+// fired, so that a notification missing after a failure can be followed
+// to the batch that counted its events; above debug, nothing is.
+func TestDebugLogTracesEveryCountedEvent(t *testing.T) {
+	snap := compile(t, map[string][]rules.Spec{project: {
+		{ID: "new", IsEnabled: true, WhatToReceive: rules.OnlyNew, Channels: webhook()},
+	}})
+	for _, level := range []slog.Level{slog.LevelDebug, slog.LevelInfo} {
+		var out strings.Builder
+		e, _ := newEvaluator(snap, &fakeCounter{fire: map[string]bool{"new": true}}, &fakePublisher{})
+		e.Log = slog.New(slog.NewJSONHandler(&out, &slog.HandlerOptions{Level: level}))
+		b := &queue.Batch{Deliveries: []queue.Delivery{delivery(hawk(project, "boom", "g1", true), "m1")}}
+		if err := e.Handle(context.Background(), b); err != nil {
+			t.Fatal(err)
+		}
+		traced := strings.Contains(out.String(), `"msg":"event counted","project":"`+project+`","group":"g1","id":"id:m1","redelivered":false,"duplicate":false,"fired":["new"]`)
+		if traced != (level == slog.LevelDebug) {
+			t.Errorf("at %v, traced = %t; log:\n%s", level, traced, out.String())
+		}
+	}
+}
