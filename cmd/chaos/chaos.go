@@ -79,8 +79,10 @@ type Result struct {
 	// and the lookup), or killed within crashWindow of the sink reading the
 	// request, or before the end of a Redis fault under way then (writes
 	// are not acknowledged until it is over); and whose next copy waited
-	// for the dead sender's claim to expire. That is the window docs/contract.md §4.5 allows: the provider took the
-	// message, Klaxon never learnt it. Every repeat must be one of these.
+	// for the dead sender's claim to expire. That is the window
+	// docs/contract.md §4.5 allows: the provider took the message, Klaxon
+	// never learnt it. Every repeat must be one of these, or one of
+	// RepeatsUnrecorded.
 	RepeatsAfterKill int `json:"repeatsAfterKill"`
 	// RepeatsUnrecorded counts the other repeats whose previous copy's
 	// sender logged that Redis refused to record its send (a failover under
