@@ -887,3 +887,65 @@ func TestModelAgreesWithLuaAtTheEdges(t *testing.T) {
 		t.Fatalf("groups counted in the worker %d, by the script %d: want both paths tried", fast, script)
 	}
 }
+
+// A write in the next slot that remembers no new id (an event without one,
+// a replay) leaves the current slot empty: the ids of the slot before,
+// kept as the previous one, must still be found. They were dropped on the
+// next read, and a redelivery then counted again — while the rule stayed in
+// the cooldown of a firing that the lost attempt never delivered, a miss.
+func TestPreviousSlotKeptBehindAnEmptyCurrentOne(t *testing.T) {
+	rdb := testRedis(t)
+	ctx := context.Background()
+	ttl := 300 * time.Millisecond
+	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 100, Period: 60_000}))
+	slot := func() int64 { return rdb.Time(ctx).Val().UnixMilli() / ttl.Milliseconds() }
+	waitSlot := func(s int64) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for slot() < s {
+			if time.Now().After(deadline) {
+				t.Fatalf("Redis' clock did not reach slot %d", s)
+			}
+			time.Sleep(10 * time.Millisecond) // polling Redis' clock with a deadline
+		}
+	}
+	for _, scriptOnly := range []bool{false, true} {
+		t.Run(fmt.Sprint("scriptOnly=", scriptOnly), func(t *testing.T) {
+			e := New(rdb, Options{Verbose: true, Prefix: testPrefix(t, rdb), DedupTTL: ttl})
+			e.scriptOnly = scriptOnly
+			// in observes ev and says in which slot it ran, or -1 when a
+			// slot boundary passed during the call: the attempt then starts
+			// over with a new group.
+			in := func(ev Event) (Result, int64) {
+				before := slot()
+				r := observe(t, e, ev)[0]
+				if slot() != before {
+					return r, -1
+				}
+				return r, before
+			}
+			for attempt := range 5 {
+				group := fmt.Sprint("g", attempt)
+				withID := Event{ID: "m" + group, ProjectID: project, GroupHash: group, Rules: []*rules.Rule{rule}}
+				without := Event{Body: []byte("b" + group), ProjectID: project, GroupHash: group, Rules: []*rules.Rule{rule}}
+				_, first := in(withID)
+				if first < 0 {
+					continue
+				}
+				waitSlot(first + 1)
+				if _, s := in(without); s != first+1 {
+					continue
+				}
+				r, s := in(withID)
+				if s != first+1 {
+					continue
+				}
+				if !r.Duplicate {
+					t.Errorf("redelivery in the next slot, after a write without new ids: %+v, want a duplicate", r)
+				}
+				return
+			}
+			t.Fatal("no attempt kept each call inside one slot")
+		})
+	}
+}

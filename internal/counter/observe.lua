@@ -156,13 +156,16 @@ local function load(g, raw)
     off = off + 2 * rh[4 * i]
   end
   g.ro = ro
+  -- The previous slot is the stored current one a slot on, or the stored
+  -- previous one when no id came since: save writes an empty current slot
+  -- as slot 0.
   if cs == slot then
     g.cur = {slot = cs, level = cl, next = cn, count = cc, inline = sub(raw, pos, pos + cb - 1)}
-    if ps == slot - 1 then
-      g.prev = {slot = ps, level = pl, next = pn, count = pc, inline = sub(raw, pos + cb, pos + cb + pb - 1)}
-    end
   elseif cs == slot - 1 then
     g.prev = {slot = cs, level = cl, next = cn, count = cc, inline = sub(raw, pos, pos + cb - 1)}
+  end
+  if cs ~= slot - 1 and ps == slot - 1 then
+    g.prev = {slot = ps, level = pl, next = pn, count = pc, inline = sub(raw, pos + cb, pos + cb + pb - 1)}
   end
   g.t1, g.t2, g.t3, g.t4 = t1, t2, t3, t4
 end

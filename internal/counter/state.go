@@ -95,14 +95,17 @@ func decodeState(raw []byte, now, slot int64) *groupState {
 	if r.err {
 		return &groupState{cur: dedupSlot{slot: slot, level: -1}, prev: dedupSlot{slot: slot - 1, level: -1}}
 	}
+	// The previous slot is the stored current one a slot on, or the stored
+	// previous one when no id came since: encode writes an empty current
+	// slot as slot 0.
 	switch cur.slot {
 	case slot:
 		g.cur = cur
-		if prev.slot == slot-1 {
-			g.prev = prev
-		}
 	case slot - 1:
 		g.prev = cur
+	}
+	if cur.slot != slot-1 && prev.slot == slot-1 {
+		g.prev = prev
 	}
 	return g
 }
