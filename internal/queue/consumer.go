@@ -539,8 +539,10 @@ func (s *session) wait() { <-s.watcherEnd }
 // (about to be) ready. A channel that shuts down closes s.cancels too: that
 // is no cancel, and the close is the cause.
 func (s *session) cause() error {
-	if s.feeder != nil && s.feeder.err != nil { // set before deliveries closed
-		return s.feeder.err
+	if s.feeder != nil {
+		if err := s.feeder.err(); err != nil { // set before deliveries closed
+			return err
+		}
 	}
 	select {
 	case <-s.deadCtx.Done():

@@ -44,7 +44,10 @@ type feeder struct {
 	freed chan struct{}   // a settle lowered held; 1-buffered
 	halt  chan struct{}   // closed by stopConsuming
 	out   chan amqp.Delivery
-	err   error // why consuming failed; set before out closes
+	// failed is why consuming failed, set before out closes. Atomic: the
+	// session may look at it on the channel's close, which can come first
+	// (the connection cut) and orders nothing with the feeder's write.
+	failed atomic.Pointer[error]
 
 	// Owned by run.
 	prefetch int
@@ -87,6 +90,14 @@ func (f *feeder) release(bytes int64) {
 	}
 }
 
+// err is why consuming failed, or nil.
+func (f *feeder) err() error {
+	if p := f.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
 // stopConsuming asks run to cancel the consumer (without waiting for the
 // broker) and close out once what it holds is passed on.
 func (f *feeder) stopConsuming() { close(f.halt) }
@@ -112,7 +123,7 @@ func (f *feeder) fit(size int64) int {
 }
 
 // run passes deliveries on from src, and from each consumer after it,
-// until the channel or the consumer ends (out closes with f.err set) or
+// until the channel or the consumer ends (out closes with f.failed set) or
 // stopConsuming (out closes once src and the queue are drained).
 func (f *feeder) run(src <-chan amqp.Delivery) {
 	defer close(f.out)
@@ -126,7 +137,7 @@ func (f *feeder) run(src <-chan amqp.Delivery) {
 	// fail ends consuming on this channel for good: closing it makes sure
 	// the session sees it die, and reconnects.
 	fail := func(err error) {
-		f.err = err
+		f.failed.Store(&err)
 		_ = f.ch.Close()
 		src, stopping, queue = nil, true, nil
 	}
@@ -203,7 +214,8 @@ func (f *feeder) run(src <-chan amqp.Delivery) {
 				// noWait: what crosses the cancel is dropped here and
 				// requeued when the channel closes (session.stop).
 				if err := f.ch.Cancel(f.tag, true); err != nil {
-					f.err, src = err, nil
+					f.failed.Store(&err)
+					src = nil
 				}
 				cancelled = true
 			}
