@@ -313,33 +313,10 @@ func TestReplayFollowsEachRuleByID(t *testing.T) {
 // slot, and forgotten two slots later.
 func TestRedeliveryAcrossDedupSlots(t *testing.T) {
 	rdb := testRedis(t)
-	ctx := context.Background()
-	prefix := testPrefix(t, rdb)
 	ttl := 300 * time.Millisecond
-	e := New(rdb, Options{Verbose: true, Prefix: prefix, DedupTTL: ttl})
+	e := New(rdb, Options{Verbose: true, Prefix: testPrefix(t, rdb), DedupTTL: ttl})
 	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 100, Period: 60_000}))
-	slot := func() int64 { return rdb.Time(ctx).Val().UnixMilli() / ttl.Milliseconds() }
-	waitSlot := func(s int64) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for slot() < s {
-			if time.Now().After(deadline) {
-				t.Fatalf("Redis' clock did not reach slot %d", s)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-	// in observes ev and says in which slot it ran, or -1 when a slot
-	// boundary passed during the call (a busy machine): the step is then
-	// ambiguous and the attempt starts over with a new id.
-	in := func(ev Event) (Result, int64) {
-		before := slot()
-		r := observe(t, e, ev)[0]
-		if after := slot(); after != before {
-			return r, -1
-		}
-		return r, before
-	}
+	waitSlot, in := dedupSlots(t, rdb, e, ttl)
 
 	for attempt := range 5 {
 		ev := Event{ID: fmt.Sprint("m", attempt), ProjectID: project, GroupHash: fmt.Sprint("g", attempt),
@@ -895,35 +872,13 @@ func TestModelAgreesWithLuaAtTheEdges(t *testing.T) {
 // the cooldown of a firing that the lost attempt never delivered, a miss.
 func TestPreviousSlotKeptBehindAnEmptyCurrentOne(t *testing.T) {
 	rdb := testRedis(t)
-	ctx := context.Background()
 	ttl := 300 * time.Millisecond
 	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 100, Period: 60_000}))
-	slot := func() int64 { return rdb.Time(ctx).Val().UnixMilli() / ttl.Milliseconds() }
-	waitSlot := func(s int64) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for slot() < s {
-			if time.Now().After(deadline) {
-				t.Fatalf("Redis' clock did not reach slot %d", s)
-			}
-			time.Sleep(10 * time.Millisecond) // polling Redis' clock with a deadline
-		}
-	}
 	for _, scriptOnly := range []bool{false, true} {
 		t.Run(fmt.Sprint("scriptOnly=", scriptOnly), func(t *testing.T) {
 			e := New(rdb, Options{Verbose: true, Prefix: testPrefix(t, rdb), DedupTTL: ttl})
 			e.scriptOnly = scriptOnly
-			// in observes ev and says in which slot it ran, or -1 when a
-			// slot boundary passed during the call: the attempt then starts
-			// over with a new group.
-			in := func(ev Event) (Result, int64) {
-				before := slot()
-				r := observe(t, e, ev)[0]
-				if slot() != before {
-					return r, -1
-				}
-				return r, before
-			}
+			waitSlot, in := dedupSlots(t, rdb, e, ttl)
 			for attempt := range 5 {
 				group := fmt.Sprint("g", attempt)
 				withID := Event{ID: "m" + group, ProjectID: project, GroupHash: group, Rules: []*rules.Rule{rule}}
@@ -948,4 +903,32 @@ func TestPreviousSlotKeptBehindAnEmptyCurrentOne(t *testing.T) {
 			t.Fatal("no attempt kept each call inside one slot")
 		})
 	}
+}
+
+// dedupSlots gives a test of de-duplication slots of ttl two steps:
+// waitSlot waits until Redis' clock is in slot s, and in observes ev with e
+// and says in which slot it ran, or -1 when a slot boundary passed during
+// the call (a busy machine): the step is then ambiguous, and the test's
+// attempt starts over with a new id.
+func dedupSlots(t *testing.T, rdb *redis.Client, e *Engine, ttl time.Duration) (waitSlot func(int64), in func(Event) (Result, int64)) {
+	slot := func() int64 { return rdb.Time(context.Background()).Val().UnixMilli() / ttl.Milliseconds() }
+	waitSlot = func(s int64) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for slot() < s {
+			if time.Now().After(deadline) {
+				t.Fatalf("Redis' clock did not reach slot %d", s)
+			}
+			time.Sleep(10 * time.Millisecond) // polling Redis' clock with a deadline
+		}
+	}
+	in = func(ev Event) (Result, int64) {
+		before := slot()
+		r := observe(t, e, ev)[0]
+		if slot() != before {
+			return r, -1
+		}
+		return r, before
+	}
+	return waitSlot, in
 }
