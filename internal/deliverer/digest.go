@@ -20,6 +20,32 @@ func (d *Deliverer) minPeriodKeys(job *wire.Job) minPeriodKeys {
 	return minPeriodKeys{state: base, pending: base + ":pending", inflight: base + ":inflight", gathered: base + ":gathered"}
 }
 
+// periodsFromSendEnd starts the minPeriod of every (rule, channel) whose
+// message job just sent at the end of the send, not at its gate: a send
+// that took long (a slow provider, a retry) must not let the next message
+// reach the provider sooner than minPeriod after this one. It fails
+// quietly: the message is sent and recorded, and a period left running
+// from the gate only lets a digest come by the send's time early.
+func (d *Deliverer) periodsFromSendEnd(ctx context.Context, job *wire.Job) {
+	var keys []string
+	if job.MinPeriod > 0 {
+		keys = append(keys, d.minPeriodKeys(job).state)
+	}
+	for i, f := range job.Firings {
+		if f.MinPeriod > 0 {
+			one := job.Single(i)
+			keys = append(keys, d.minPeriodKeys(&one).state)
+		}
+	}
+	for _, k := range keys {
+		if err := d.scripts.sent.Run(ctx, d.rdb, []string{k}).Err(); err != nil {
+			d.log.Warn("minPeriod left running from before the send: a digest may come as early as the send took",
+				"channel", job.Channel, "project", job.ProjectID, "error", err)
+			return
+		}
+	}
+}
+
 // gather passes a job through its channel's minPeriod: gathered false
 // means send it now, true that it waits for the digest, whose flush it
 // scheduled if needed; omitted that the digest was full and only counts it.

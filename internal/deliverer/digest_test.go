@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -127,11 +128,12 @@ func TestFlushTakenByADigestInFlightStillFlushes(t *testing.T) {
 	a := newTestDeliverer(t, base.cfg.Prefix, testenv.Redis(t), pub, rec)
 	b := newTestDeliverer(t, base.cfg.Prefix, testenv.Redis(t), pub, rec)
 	world := testenv.Redis(t)
-	flush := &wire.Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 60_000, ProjectID: "p", RuleID: "r"}
+	// The period is short: n2's digest comes a minPeriod after n1's was sent.
+	flush := &wire.Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 1000, ProjectID: "p", RuleID: "r"}
 	keys := a.minPeriodKeys(flush)
 	pend := func(id string) {
 		t.Helper()
-		body, err := json.Marshal(throttledJob(t, id, time.Minute))
+		body, err := json.Marshal(throttledJob(t, id, time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -206,11 +208,12 @@ func TestDigestRetryDoesNotSpendTheNextDigestsAttempts(t *testing.T) {
 	ctx := context.Background()
 	ch := &flaky{tried: make(chan struct{}, 16)}
 	_, d := declaredDeliverer(t, Config{MaxAttempts: 2, Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": ch})
-	flush := &wire.Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 60_000, ProjectID: "p", RuleID: "r"}
+	// The period is short: n2's digest comes a minPeriod after n1's was sent.
+	flush := &wire.Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 1000, ProjectID: "p", RuleID: "r"}
 	keys := d.minPeriodKeys(flush)
 	pend := func(id string) {
 		t.Helper()
-		body, err := json.Marshal(throttledJob(t, id, time.Minute))
+		body, err := json.Marshal(throttledJob(t, id, time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -241,5 +244,68 @@ func TestDigestRetryDoesNotSpendTheNextDigestsAttempts(t *testing.T) {
 	}
 	if v := counterValue(t, d, "slack", "failed"); v != 0 {
 		t.Errorf("n2's digest failed for good after %d try: the retry of n1's spent its attempts", len(ch.times())-1)
+	}
+}
+
+// slowFirst is a provider whose first send takes slow to answer; it notes
+// when each message came and when its answer went.
+type slowFirst struct {
+	slow    time.Duration
+	started chan struct{} // closed when the first message came
+	mu      sync.Mutex
+	came    []time.Time
+	went    []time.Time
+}
+
+func (s *slowFirst) Notify(ctx context.Context, _ string, _ *notify.Message) (bool, error) {
+	s.mu.Lock()
+	first := len(s.came) == 0
+	s.came = append(s.came, time.Now())
+	s.mu.Unlock()
+	if first {
+		close(s.started)
+		select {
+		case <-time.After(s.slow): // the provider's slowness, not a wait for a condition
+		case <-ctx.Done():
+			return true, ctx.Err()
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.went = append(s.went, time.Now())
+	return false, nil
+}
+
+// A message that took long to send starts its minPeriod when its send
+// ended: the digest after it reaches the provider a whole minPeriod after
+// the first message's answer, not a minPeriod after it passed the gate.
+func TestMinPeriodRunsFromTheEndOfTheSend(t *testing.T) {
+	const period = time.Second
+	p := &slowFirst{slow: 600 * time.Millisecond, started: make(chan struct{})}
+	pub, d := startDeliverer(t, Config{Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": p})
+	publishJobs(t, pub, d.Queue(), throttledJob(t, "n1", period))
+	select {
+	case <-p.started:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the first message never came")
+	}
+	publishJobs(t, pub, d.Queue(), throttledJob(t, "n2", period))
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		p.mu.Lock()
+		n := len(p.came)
+		p.mu.Unlock()
+		if n == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d messages came, want the first and a digest", n)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if gap := p.came[1].Sub(p.went[0]); gap < period {
+		t.Errorf("digest came %s after the first message's answer, inside the minPeriod of %s", gap, period)
 	}
 }

@@ -27,10 +27,13 @@ var dropLua string
 //go:embed hold.lua
 var holdLua string
 
+//go:embed sent.lua
+var sentLua string
+
 // scripts are the deliverer's scripts, loaded once (EVALSHA, falling back
 // to EVAL).
 type scripts struct {
-	throttle, flush, drop, hold *redis.Script
+	throttle, flush, drop, hold, sent *redis.Script
 }
 
 func newScripts() scripts {
@@ -39,6 +42,7 @@ func newScripts() scripts {
 		flush:    redis.NewScript(flushLua),
 		drop:     redis.NewScript(dropLua),
 		hold:     redis.NewScript(holdLua),
+		sent:     redis.NewScript(sentLua),
 	}
 }
 
@@ -53,7 +57,7 @@ type minPeriodKeys struct {
 
 // Replies of throttle.lua.
 const (
-	throttleSendNow  = 0 // send now: the minPeriod starts now
+	throttleSendNow  = 0 // send now: the minPeriod starts now, and again when the send ends
 	throttleGathered = 1 // gathered (now or before); no flush to schedule
 	throttleFlushIn  = 2 // gathered; schedule a flush in the reply's delay
 )

@@ -220,6 +220,7 @@ func (d *Deliverer) settle(ctx context.Context, job *wire.Job, keys []string, ms
 			d.remember(keys, "sent")
 			return false, err
 		}
+		d.periodsFromSendEnd(ctx, job)
 		return true, nil
 	}
 	if ctx.Err() != nil {

@@ -5,7 +5,8 @@
 --         '#bytes' (their size) and '#omitted' (how many were left out)
 -- KEYS[3] sorted set of the ids gathered, by ms
 -- ARGV    minPeriod(ms) id job maxItems maxBytes
--- Reply   {0}                  send now (the minPeriod starts now)
+-- Reply   {0}                  send now (the minPeriod starts now, and
+--                              again when the send ends: sent.lua)
 --         {1, 0, omitted}      gathered (now or before); no flush to schedule
 --         {2, delay, omitted}  gathered; schedule a flush in delay ms
 -- omitted is 1 when the digest was full (maxItems jobs, or maxBytes of
