@@ -78,8 +78,9 @@ func TestPercentile(t *testing.T) {
 		t.Errorf("p50 of nothing = %v", got)
 	}
 	var l Latency
-	l.summarize([]time.Duration{3 * time.Millisecond, time.Millisecond, 2 * time.Millisecond, 4 * time.Millisecond})
-	if l.Received != 4 || l.P50 != 2 || l.P95 != 4 || l.Max != 4 {
+	l.summarize([]time.Duration{3 * time.Millisecond, time.Millisecond, 2 * time.Millisecond, 4 * time.Millisecond},
+		[]time.Duration{time.Millisecond, 0, time.Millisecond, 3 * time.Millisecond})
+	if l.Received != 4 || l.P50 != 2 || l.P95 != 4 || l.Max != 4 || l.FiredP50 != 1 || l.FiredP99 != 3 {
 		t.Errorf("summary %+v", l)
 	}
 }

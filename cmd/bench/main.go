@@ -1045,7 +1045,8 @@ func (b *bench) measureLatency(ctx context.Context, kprefix string, round int, r
 	got := b.prog.phase("latency probes", int64(probes))
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		n := len(b.sink.latencies())
+		arrivals, _ := b.sink.latencies()
+		n := len(arrivals)
 		got.Store(int64(n))
 		if n >= probes || time.Now().After(deadline) {
 			break

@@ -103,6 +103,12 @@ type Latency struct {
 	P95      float64 `json:"p95Ms"`
 	P99      float64 `json:"p99Ms"`
 	Max      float64 `json:"maxMs"`
+	// Fired: publish → the firing's firedAt, the clock Redis gave the
+	// batch that counted the probe (ms, so ±1): the wait in the incoming
+	// queue and the batch's start. The rest is counting, the delivery
+	// queue and the send.
+	FiredP50 float64 `json:"firedP50Ms"`
+	FiredP99 float64 `json:"firedP99Ms"`
 }
 
 // Memory is Redis' memory for the keys of one Klaxon run.
@@ -130,15 +136,16 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 }
 
 // summarize fills the percentiles of l from the latencies.
-func (l *Latency) summarize(lat []time.Duration) {
-	s := slices.Clone(lat)
-	slices.Sort(s)
+func (l *Latency) summarize(lat, fired []time.Duration) {
+	s := slices.Sorted(slices.Values(lat))
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	l.Received = len(s)
 	l.P50, l.P95, l.P99 = ms(percentile(s, 50)), ms(percentile(s, 95)), ms(percentile(s, 99))
 	if len(s) > 0 {
 		l.Max = ms(s[len(s)-1])
 	}
+	f := slices.Sorted(slices.Values(fired))
+	l.FiredP50, l.FiredP99 = ms(percentile(f, 50)), ms(percentile(f, 99))
 }
 
 // name is how the table names a result.
@@ -200,7 +207,7 @@ func writeTable(w io.Writer, rep *Report) {
 			row[9] = fmt.Sprintf("%.0f MiB", float64(r.WorkerRSS)/(1<<20))
 		}
 		if l := r.Latency; l != nil {
-			row[10] = fmt.Sprintf("%.1f / %.1f / %.1f at %s/s", l.P50, l.P95, l.P99, thousands(l.Rate))
+			row[10] = fmt.Sprintf("%.1f / %.1f / %.1f at %s/s ; to the firing p50 / p99 %.0f / %.0f", l.P50, l.P95, l.P99, thousands(l.Rate), l.FiredP50, l.FiredP99)
 			if l.Received < l.Probes {
 				row[10] += fmt.Sprintf(" (%d of %d probes)", l.Received, l.Probes)
 			}

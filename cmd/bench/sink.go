@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,6 +22,7 @@ type sink struct {
 	run      string      // the probes being timed
 	sent     []time.Time // publish time of probe n
 	arrivals []time.Duration
+	fired    []time.Duration // publish → the firing's firedAt (Redis' clock), same order
 	seen     map[int]bool
 }
 
@@ -41,7 +43,7 @@ func (s *sink) close() { _ = s.srv.Close() }
 func (s *sink) expect(run string, n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.run, s.sent, s.arrivals, s.seen = run, make([]time.Time, n), nil, map[int]bool{}
+	s.run, s.sent, s.arrivals, s.fired, s.seen = run, make([]time.Time, n), nil, nil, map[int]bool{}
 }
 
 // stamp records that probe n is being published now.
@@ -51,11 +53,12 @@ func (s *sink) stamp(n int) {
 	s.mu.Unlock()
 }
 
-// latencies returns the publish→notification latencies recorded so far.
-func (s *sink) latencies() []time.Duration {
+// latencies returns the publish→notification latencies recorded so far,
+// and publish→firing: the part before the firing's firedAt.
+func (s *sink) latencies() (arrivals, fired []time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]time.Duration(nil), s.arrivals...)
+	return slices.Clone(s.arrivals), slices.Clone(s.fired)
 }
 
 func (s *sink) serve(w http.ResponseWriter, r *http.Request) {
@@ -64,6 +67,7 @@ func (s *sink) serve(w http.ResponseWriter, r *http.Request) {
 	var n struct {
 		Type          string            `json:"type"`
 		Notifications []json.RawMessage `json:"notifications"`
+		FiredAt       time.Time         `json:"firedAt"`
 		Event         struct {
 			RepetitionID *string `json:"repetitionId"`
 		} `json:"event"`
@@ -80,6 +84,7 @@ func (s *sink) serve(w http.ResponseWriter, r *http.Request) {
 			if run == s.run && i < len(s.sent) && !s.sent[i].IsZero() && !s.seen[i] {
 				s.seen[i] = true
 				s.arrivals = append(s.arrivals, now.Sub(s.sent[i]))
+				s.fired = append(s.fired, n.FiredAt.Sub(s.sent[i]))
 			}
 			s.mu.Unlock()
 		}
