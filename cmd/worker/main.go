@@ -182,7 +182,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			}
 			c, err := queue.NewConsumer(queue.ConsumerConfig{
 				URL: cfg.AMQPURL, Queue: in.Name, Exchange: in.Exchange, QueueType: queue.Type(cfg.QueueType), ConnectionName: name,
-				Prefetch: cfg.Prefetch, MaxBatch: cfg.BatchSize, Concurrency: cfg.BatchesInFlight, InOrder: true,
+				Prefetch: cfg.Prefetch, MaxBatch: cfg.BatchSize, Concurrency: cfg.BatchesInFlight, InOrder: true, Pipelined: true,
 				MaxHeldBytes: cfg.MaxHeldBytes, Logger: log.With("stage", "evaluator"),
 				Hooks: batchHooks(m, "evaluator", in.Name),
 			})

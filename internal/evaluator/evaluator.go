@@ -183,6 +183,9 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 		e.counting.Lock()
 		results, err = e.Counter.ObserveBatch(ctx, b.ID, events)
 		e.counting.Unlock()
+		// The next batch may count while this one publishes and waits for
+		// the broker's confirms (queue.ConsumerConfig.Pipelined).
+		b.Release()
 		if err != nil {
 			return fmt.Errorf("count %d events: %w", len(events), err)
 		}

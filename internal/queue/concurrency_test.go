@@ -490,3 +490,65 @@ func TestInOrderStopAcksTheDoneBehindAGivenUpBatch(t *testing.T) {
 	// Only the given-up batch is back.
 	b.waitReady(q, 2, 5*time.Second)
 }
+
+// Pipelined: while the first batch has not released, no batch is collected
+// behind it, though a slot is free and deliveries wait; once it released,
+// the next batch is collected and handled while the first one's handler
+// still runs.
+func TestPipelinedCollectsOnceReleased(t *testing.T) {
+	b, pub, q := declaredVia(t, "")
+	batches := make(chan []string, 8)
+	releaseFirst, finishFirst := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int64
+	_, _ = startConsumer(t, queue.ConsumerConfig{
+		// A full batch goes at once; the linger only keeps a partial one
+		// from being handed over before all five are in.
+		Queue: q, Prefetch: 50, MaxBatch: 5, Concurrency: 2, Pipelined: true, Linger: 5 * time.Second,
+	}, func(ctx context.Context, batch *queue.Batch) error {
+		var ids []string
+		for _, d := range batch.Deliveries {
+			ids = append(ids, d.MessageID)
+		}
+		batches <- ids
+		if calls.Add(1) == 1 {
+			for _, wait := range []chan struct{}{releaseFirst, finishFirst} {
+				select {
+				case <-wait:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				batch.Release()
+			}
+		}
+		return nil
+	})
+	publish := func(ids ...string) {
+		t.Helper()
+		var msgs []queue.Message
+		for _, id := range ids {
+			msgs = append(msgs, queue.Message{RoutingKey: q, MessageID: id, Body: []byte(`{}`)})
+		}
+		if err := pub.Publish(t.Context(), msgs...); err != nil {
+			t.Fatal(err)
+		}
+		b.waitReady(q, 0, 10*time.Second) // sent to the consumer
+	}
+	publish("a", "a1", "a2", "a3", "a4")
+	if first := receive(t, batches, 10*time.Second, "the first batch"); len(first) != 5 || first[0] != "a" {
+		t.Fatalf("first batch %v, want a…a4", first)
+	}
+	publish("b0", "b1", "b2", "b3", "b4")
+	// Absence can only be watched for a while: unpipelined, the second
+	// batch is handled within milliseconds of its deliveries' arrival.
+	select {
+	case ids := <-batches:
+		t.Fatalf("batch %v handled before the first one released", ids)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(releaseFirst)
+	second := receive(t, batches, 10*time.Second, "the batch after the release, the first one's handler still running")
+	if want := []string{"b0", "b1", "b2", "b3", "b4"}; !slices.Equal(second, want) {
+		t.Errorf("second batch %v, want %v", second, want)
+	}
+	close(finishFirst)
+}

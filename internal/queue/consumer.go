@@ -62,6 +62,15 @@ type ConsumerConfig struct {
 	// work doubles). For handlers whose batches take about the same time;
 	// a slow one holds the acks, and so the prefetch, of those behind it.
 	InOrder bool
+	// Pipelined, with Concurrency above 1, collects a batch only once the
+	// batch before it called Batch.Release or its handler returned: for a
+	// handler whose first part must run one batch at a time (counting) and
+	// whose rest may overlap the next batch's (publishing, waiting for the
+	// broker's confirms). The next batch then holds what arrived during
+	// that first part, where collected at once it would hold only what was
+	// ready then and wait for its turn, while later deliveries wait for a
+	// batch after it.
+	Pipelined bool
 	// StopGrace is how long the handlers in flight may run once ctx is
 	// cancelled before their own context is cancelled too [5 s].
 	StopGrace time.Duration
@@ -109,7 +118,17 @@ type Batch struct {
 	ID int64
 
 	requeue []bool
-	done    bool // handled, waiting for older batches (InOrder)
+	done    bool   // handled, waiting for older batches (InOrder)
+	release func() // ConsumerConfig.Pipelined: lets the next batch be collected
+}
+
+// Release lets the consumer collect the next batch while this batch's
+// handler goes on (ConsumerConfig.Pipelined); a no-op otherwise, and after
+// the first call.
+func (b *Batch) Release() {
+	if b.release != nil {
+		b.release()
+	}
 }
 
 // Requeue marks delivery i to be nacked with requeue rather than acked when
@@ -338,12 +357,22 @@ func (c *Consumer) consumeConcurrently(ctx, bctx context.Context, s *session, ha
 		wg.Wait()
 		return err
 	}
+	released := make(chan struct{}) // by the batch collected last (Pipelined)
+	close(released)
 	for {
 		var b *Batch
 		alive := true
 		select {
 		case slots <- struct{}{}:
-			b, alive = s.collect(cctx, c.cfg.MaxBatch, c.cfg.Linger)
+			if !c.cfg.Pipelined {
+				b, alive = s.collect(cctx, c.cfg.MaxBatch, c.cfg.Linger)
+				break
+			}
+			select {
+			case <-released:
+				b, alive = s.collect(cctx, c.cfg.MaxBatch, c.cfg.Linger)
+			case <-cctx.Done():
+			}
 		case <-cctx.Done():
 		}
 		// cctx is checked first: it ends with ctx, and a stop that lands
@@ -358,10 +387,16 @@ func (c *Consumer) consumeConcurrently(ctx, bctx context.Context, s *session, ha
 			return end(failure) // b, if any, comes again
 		}
 		s.track(b)
+		if c.cfg.Pipelined {
+			next := make(chan struct{})
+			b.release = sync.OnceFunc(func() { close(next) })
+			released = next
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-slots }()
+			defer b.Release()
 			if err := c.process(ctx, bctx, s, b, handle); err != nil {
 				failed(err)
 			}
