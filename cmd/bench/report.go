@@ -207,10 +207,11 @@ func writeTable(w io.Writer, rep *Report) {
 			row[9] = fmt.Sprintf("%.0f MiB", float64(r.WorkerRSS)/(1<<20))
 		}
 		if l := r.Latency; l != nil {
-			row[10] = fmt.Sprintf("%.1f / %.1f / %.1f at %s/s; to the firing p50 / p99 %.0f / %.0f", l.P50, l.P95, l.P99, thousands(l.Rate), l.FiredP50, l.FiredP99)
+			row[10] = fmt.Sprintf("%.1f / %.1f / %.1f at %s/s", l.P50, l.P95, l.P99, thousands(l.Rate))
 			if l.Received < l.Probes {
 				row[10] += fmt.Sprintf(" (%d of %d probes)", l.Received, l.Probes)
 			}
+			row[10] += fmt.Sprintf("; to the firing p50 / p99 %.0f / %.0f", l.FiredP50, l.FiredP99)
 		}
 		rows = append(rows, row)
 	}
