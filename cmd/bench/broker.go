@@ -29,7 +29,7 @@ func dialBroker(url string, typ queue.Type) (*broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := amqp.DialConfig(url, amqp.Config{Properties: amqp.Table{"connection_name": "klaxon-bench"}})
+	conn, err := queue.Dial(context.Background(), url, "klaxon-bench")
 	if err != nil {
 		_ = pub.Close()
 		return nil, fmt.Errorf("connect to RabbitMQ: %w", err)

@@ -287,7 +287,7 @@ func (c *Consumer) Consume(ctx context.Context, handle Handler) error {
 // graceful stop). consumed tells whether it got as far as consuming, which
 // resets the reconnect backoff.
 func (c *Consumer) session(ctx, hctx context.Context, handle Handler) (consumed bool, err error) {
-	conn, err := dial(ctx, c.cfg.URL, c.cfg.ConnectionName)
+	conn, err := Dial(ctx, c.cfg.URL, c.cfg.ConnectionName)
 	if err != nil {
 		return false, fmt.Errorf("connect: %w", err)
 	}

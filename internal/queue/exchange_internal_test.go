@@ -21,7 +21,7 @@ func TestUnknownExchangeTypeIsExplained(t *testing.T) {
 	if url == "" {
 		url = "amqp://guest:guest@127.0.0.1:5672/"
 	}
-	conn, err := dial(context.Background(), url, "klaxon-test")
+	conn, err := Dial(context.Background(), url, "klaxon-test")
 	if err != nil {
 		t.Fatalf("RabbitMQ does not answer: %v", err)
 	}

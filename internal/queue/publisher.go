@@ -342,7 +342,7 @@ func (p *Publisher) connection(ctx context.Context) (*pubConn, error) {
 		if wait := time.Until(p.retryAt); wait > 0 && !sleep(ctx, wait) {
 			return nil, fmt.Errorf("reconnect after %w: %w", p.lastErr, p.ctxErr(ctx))
 		}
-		conn, err := dial(ctx, p.cfg.URL, p.cfg.ConnectionName)
+		conn, err := Dial(ctx, p.cfg.URL, p.cfg.ConnectionName)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, fmt.Errorf("connect: %w", p.ctxErr(ctx))
