@@ -43,6 +43,9 @@ type Config struct {
 	ReshardSlots int // [200]
 	// WaitReplicas is the workers' KLAXON_REDIS_WAIT_REPLICAS [0].
 	WaitReplicas int
+	// BatchesInFlight is the workers' KLAXON_BATCHES_IN_FLIGHT [their
+	// default].
+	BatchesInFlight int
 	// LogLevel is the workers' KLAXON_LOG_LEVEL [warn].
 	LogLevel string
 	// Dir holds the rules file and the workers' logs; "" makes a temporary
@@ -66,6 +69,7 @@ type Result struct {
 	Fault         string `json:"fault,omitempty"`
 	Faults        int    `json:"faults"` // failovers or reshards injected
 	WaitReplicas  int    `json:"waitReplicas"`
+	InFlight      int    `json:"batchesInFlight,omitempty"`
 	Starts        int    `json:"starts"`
 	Expected      int    `json:"expected"`
 	Received      int    `json:"received"` // webhook requests
@@ -168,6 +172,9 @@ func (c *Config) defaults() error {
 	if c.WaitReplicas < 0 {
 		return fmt.Errorf("wait-replicas %d: want 0 or more", c.WaitReplicas)
 	}
+	if c.BatchesInFlight < 0 {
+		return fmt.Errorf("batches-in-flight %d: want 0 (the workers' default) or more", c.BatchesInFlight)
+	}
 	if c.Timeout <= 0 {
 		c.Timeout = 5 * time.Minute
 	}
@@ -195,7 +202,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	log := cfg.Log
 
 	runID := strings.ToLower(rand.Text()[:10])
-	res := &Result{Seed: cfg.Seed, Workers: cfg.Workers, Groups: cfg.Groups, Fault: cfg.Fault, WaitReplicas: cfg.WaitReplicas,
+	res := &Result{Seed: cfg.Seed, Workers: cfg.Workers, Groups: cfg.Groups, Fault: cfg.Fault, WaitReplicas: cfg.WaitReplicas, InFlight: cfg.BatchesInFlight,
 		Queue: "klaxon-chaos." + runID, Prefix: "klaxon-chaos-" + runID}
 
 	dir := cfg.Dir
@@ -240,7 +247,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}()
 
-	f := newFleet(cfg.Worker, workerEnv(map[string]string{
+	settings := map[string]string{
 		"KLAXON_AMQP_URL":     cfg.AMQPURL,
 		"KLAXON_REDIS_URL":    cfg.RedisURL,
 		"KLAXON_QUEUE":        res.Queue,
@@ -253,7 +260,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		// The sink listens on loopback: endpoints from rules reach it only
 		// when the operator allows it.
 		"KLAXON_ALLOW_PRIVATE_NETWORKS": "127.0.0.0/8,::1/128",
-	}), dir, cfg.Workers, log)
+	}
+	if cfg.BatchesInFlight > 0 {
+		settings["KLAXON_BATCHES_IN_FLIGHT"] = fmt.Sprint(cfg.BatchesInFlight)
+	}
+	f := newFleet(cfg.Worker, workerEnv(settings), dir, cfg.Workers, log)
 	s, err := newSink(f.pids)
 	if err != nil {
 		return nil, err

@@ -36,12 +36,15 @@ func TestExactlyOneNotificationUnderCrashes(t *testing.T) {
 		Groups:    150,
 		KillEvery: 300 * time.Millisecond,
 		Rate:      500, // ten seconds of events, and of kills
-		Seed:      seed,
-		Timeout:   90 * time.Second,
-		AMQPURL:   testenv.AMQPURL(t),
-		RedisURL:  testenv.RedisURL(),
-		Dir:       dir,
-		Log:       slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+		// KLAXON_TEST_CHAOS_FLIGHT runs the workers with that many batches
+		// in flight (their default otherwise).
+		BatchesInFlight: envInt(t, "KLAXON_TEST_CHAOS_FLIGHT", 0),
+		Seed:            seed,
+		Timeout:         90 * time.Second,
+		AMQPURL:         testenv.AMQPURL(t),
+		RedisURL:        testenv.RedisURL(),
+		Dir:             dir,
+		Log:             slog.New(slog.NewTextHandler(testWriter{t}, nil)),
 	}
 	t.Logf("seed %d (go run ./cmd/chaos -seed %d -events 5000 -groups 150 -rate 500 reproduces the events)", seed, seed)
 	res, err := Run(context.Background(), cfg)

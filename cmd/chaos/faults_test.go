@@ -64,6 +64,7 @@ func runFaults(t *testing.T, cfg Config) *Result {
 	cfg.Events = envInt(t, "KLAXON_TEST_CHAOS_EVENTS", 6000)
 	cfg.Groups = max(150, cfg.Events/40)
 	cfg.Rate = 300
+	cfg.BatchesInFlight = envInt(t, "KLAXON_TEST_CHAOS_FLIGHT", 0)
 	cfg.Seed = uint64(time.Now().UnixNano())
 	cfg.Timeout = time.Duration(cfg.Events/cfg.Rate)*time.Second + 3*time.Minute
 	cfg.AMQPURL = testenv.AMQPURL(t)

@@ -50,6 +50,7 @@ func main() {
 	flag.DurationVar(&cfg.FaultEvery, "fault-every", 5*time.Second, "wait between one fault settling and the next")
 	flag.IntVar(&cfg.ReshardSlots, "reshard-slots", 200, "slots each reshard moves")
 	flag.IntVar(&cfg.WaitReplicas, "wait-replicas", 0, "the workers' KLAXON_REDIS_WAIT_REPLICAS")
+	flag.IntVar(&cfg.BatchesInFlight, "batches-in-flight", 0, "the workers' KLAXON_BATCHES_IN_FLIGHT; 0 leaves their default")
 	flag.StringVar(&cfg.LogLevel, "log-level", "warn", "the workers' KLAXON_LOG_LEVEL")
 	flag.StringVar(&cfg.Dir, "dir", "", "directory for the rules file and worker logs (default: a temporary one, removed after a clean run)")
 	flag.BoolVar(&cfg.Keep, "keep", false, "keep the worker logs after a clean run")
@@ -90,6 +91,9 @@ func printTable(w io.Writer, r *Result) {
 		r.Publish.Round(100*time.Millisecond), r.Chaos.Round(100*time.Millisecond), r.Settle.Round(100*time.Millisecond))
 	if r.Fault != "" {
 		fmt.Fprintf(w, "Redis faults: %d × %s, workers waiting for %d replicas\n", r.Faults, r.Fault, r.WaitReplicas)
+	}
+	if r.InFlight > 0 {
+		fmt.Fprintf(w, "workers with %d batches in flight\n", r.InFlight)
 	}
 	fmt.Fprintf(w, "repeats whose previous copy's sender was SIGKILLed before recording it: %d of %d\n", r.RepeatsAfterKill, r.Repeats)
 	if r.RepeatsUnrecorded > 0 {
