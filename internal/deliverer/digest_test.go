@@ -247,8 +247,8 @@ func TestDigestRetryDoesNotSpendTheNextDigestsAttempts(t *testing.T) {
 	}
 }
 
-// slowFirst is a provider whose first send takes slow to answer; it notes
-// when each message came and when its answer went.
+// slowFirst is a provider that takes its slow time to answer its first
+// send; it notes when each message came and when its answer went.
 type slowFirst struct {
 	slow    time.Duration
 	started chan struct{} // closed when the first message came
