@@ -183,12 +183,13 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 		e.counting.Lock()
 		results, err = e.Counter.ObserveBatch(ctx, b.ID, events)
 		e.counting.Unlock()
-		// The next batch may count while this one publishes and waits for
-		// the broker's confirms (queue.ConsumerConfig.Pipelined).
-		b.Release()
 		if err != nil {
 			return fmt.Errorf("count %d events: %w", len(events), err)
 		}
+		// The next batch may count while this one publishes and waits for
+		// the broker's confirms (queue.ConsumerConfig.Pipelined); not after
+		// a failure, which the next would meet too.
+		b.Release()
 		for i, res := range results {
 			jobs, err := e.jobs(&events[i], &msgs[i], res, groups, &regs)
 			if err != nil {

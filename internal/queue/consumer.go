@@ -357,17 +357,15 @@ func (c *Consumer) consumeConcurrently(ctx, bctx context.Context, s *session, ha
 		wg.Wait()
 		return err
 	}
-	released := make(chan struct{}) // by the batch collected last (Pipelined)
+	// released is closed by the batch collected last (Pipelined); unless
+	// Pipelined it stays the closed one made here.
+	released := make(chan struct{})
 	close(released)
 	for {
 		var b *Batch
 		alive := true
 		select {
 		case slots <- struct{}{}:
-			if !c.cfg.Pipelined {
-				b, alive = s.collect(cctx, c.cfg.MaxBatch, c.cfg.Linger)
-				break
-			}
 			select {
 			case <-released:
 				b, alive = s.collect(cctx, c.cfg.MaxBatch, c.cfg.Linger)
