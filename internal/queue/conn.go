@@ -37,7 +37,7 @@ type Hooks struct {
 	// bytes it holds passed ConsumerConfig.MaxHeldBytes.
 	Paused func()
 	// Held is called with the bytes of the deliveries held (received and
-	// not settled) whenever they change, when MaxHeldBytes is set.
+	// not settled) whenever they change.
 	Held func(bytes int64)
 	// Publish is called by the Publisher after every Publish call.
 	Publish func(PublishResult)

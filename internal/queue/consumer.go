@@ -420,19 +420,9 @@ func (c *Consumer) subscribe(conn *amqp.Connection) (*session, error) {
 	s := newSession(ch) // watches for the close from before the first delivery
 	s.tag = c.cfg.ConnectionName + "-" + rand.Text()
 	s.inOrder = c.cfg.InOrder
-	if c.cfg.MaxHeldBytes > 0 {
-		s.feeder = newFeeder(ch, s.deadCtx.Done(), c.cfg.Queue, s.tag, c.cfg.MaxHeldBytes, c.cfg.Prefetch, c.log, c.cfg.Hooks)
-		s.deliveries, err = s.feeder.start()
-		return s, err
-	}
-	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
-		return s, fmt.Errorf("set prefetch %d: %w", c.cfg.Prefetch, err)
-	}
-	s.deliveries, err = ch.Consume(c.cfg.Queue, s.tag, false, false, false, false, nil)
-	if err != nil {
-		return s, fmt.Errorf("consume queue %q: %w", c.cfg.Queue, err)
-	}
-	return s, nil
+	s.feeder = newFeeder(ch, s.deadCtx.Done(), c.cfg.Queue, s.tag, max(c.cfg.MaxHeldBytes, 0), c.cfg.Prefetch, c.log, c.cfg.Hooks)
+	s.deliveries, err = s.feeder.start()
+	return s, err
 }
 
 // process calls the handler on b until it succeeds, then settles b. It
@@ -521,8 +511,9 @@ func countTrue(bs []bool) int {
 type session struct {
 	ch         *amqp.Channel
 	tag        string
-	deliveries <-chan amqp.Delivery
-	feeder     *feeder // between the channel and deliveries when bytes are bounded; else nil
+	deliveries <-chan []amqp.Delivery // the feeder's
+	feeder     *feeder
+	rest       []amqp.Delivery // taken from deliveries, not in a batch yet
 	closes     chan *amqp.Error
 	cancels    chan string // the broker cancelled the consumer (queue deleted)
 
@@ -572,10 +563,8 @@ func (s *session) wait() { <-s.watcherEnd }
 // (about to be) ready. A channel that shuts down closes s.cancels too: that
 // is no cancel, and the close is the cause.
 func (s *session) cause() error {
-	if s.feeder != nil {
-		if err := s.feeder.err(); err != nil { // set before deliveries closed
-			return err
-		}
+	if err := s.feeder.err(); err != nil { // set before deliveries closed
+		return err
 	}
 	select {
 	case <-s.deadCtx.Done():
@@ -595,27 +584,38 @@ func (s *session) cause() error {
 // deliveries stopped because the channel or the consumer is gone (the
 // partial batch is dropped: the broker redelivers it).
 func (s *session) collect(ctx context.Context, max int, linger time.Duration) (b *Batch, alive bool) {
-	var first amqp.Delivery
-	select {
-	case <-ctx.Done():
-		return nil, true
-	case d, ok := <-s.deliveries:
-		if !ok {
-			return nil, false
+	if len(s.rest) == 0 {
+		select {
+		case <-ctx.Done():
+			return nil, true
+		case ds, ok := <-s.deliveries:
+			if !ok {
+				return nil, false
+			}
+			s.rest = ds
 		}
-		first = d
 	}
-	items := make([]Delivery, 1, max)
-	items[0] = fromAMQP(first)
+	items := make([]Delivery, 0, min(max, len(s.rest)))
+	// take moves into the batch what it has room for of s.rest.
+	take := func() {
+		n := min(max-len(items), len(s.rest))
+		for _, d := range s.rest[:n] {
+			items = append(items, fromAMQP(d))
+		}
+		clear(s.rest[:n])
+		s.rest = s.rest[n:]
+	}
+	take()
 
 	lingering := false
 	for len(items) < max {
 		select {
-		case d, ok := <-s.deliveries:
+		case ds, ok := <-s.deliveries:
 			if !ok {
 				return nil, false
 			}
-			items = append(items, fromAMQP(d))
+			s.rest = ds
+			take()
 			continue
 		default:
 		}
@@ -631,12 +631,13 @@ func (s *session) collect(ctx context.Context, max int, linger time.Duration) (b
 			}
 		}
 		select {
-		case d, ok := <-s.deliveries:
+		case ds, ok := <-s.deliveries:
 			if !ok {
 				s.timer.Stop()
 				return nil, false
 			}
-			items = append(items, fromAMQP(d))
+			s.rest = ds
+			take()
 			continue
 		case <-s.timer.C:
 		case <-ctx.Done():
@@ -712,13 +713,11 @@ func (s *session) send(b *Batch, oldest bool) error {
 		}
 	}
 	s.inflight = slices.DeleteFunc(s.inflight, func(x *Batch) bool { return x == b })
-	if s.feeder != nil {
-		var n int64
-		for _, d := range b.Deliveries {
-			n += int64(len(d.Body))
-		}
-		s.feeder.release(n)
+	var n int64
+	for _, d := range b.Deliveries {
+		n += int64(len(d.Body))
 	}
+	s.feeder.release(n)
 	return nil
 }
 
@@ -731,17 +730,16 @@ func (s *session) stop(b *Batch, wait func()) error {
 	// noWait: deliveries that cross the cancel are dropped client-side and
 	// requeued by the broker when the channel closes a moment later.
 	var err error
-	if s.feeder != nil {
-		s.feeder.stopConsuming()
-	} else {
-		err = s.ch.Cancel(s.tag, true)
-	}
+	s.feeder.stopConsuming()
 	var last uint64
 	if b != nil {
 		last = b.Deliveries[len(b.Deliveries)-1].DeliveryTag
 	}
-	for d := range s.deliveries { // closes once the buffered deliveries are out
-		last = d.DeliveryTag
+	if len(s.rest) > 0 {
+		last = s.rest[len(s.rest)-1].DeliveryTag
+	}
+	for ds := range s.deliveries { // closes once the buffered deliveries are out
+		last = ds[len(ds)-1].DeliveryTag
 	}
 	if wait != nil {
 		// The nack below covers every unsettled tag up to last, which

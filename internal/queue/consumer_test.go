@@ -673,6 +673,64 @@ func TestLingerBoundsABatchUnderATrickle(t *testing.T) {
 	}
 }
 
+// A batch holds every delivery ready when it is collected: what arrived
+// while the batch before was in the handler is handled together, without
+// a linger. Handed over one at a time, the collector would see only the
+// delivery being offered at that instant, and close a batch of one or two.
+func TestABatchHoldsEveryDeliveryReady(t *testing.T) {
+	for _, budget := range []int64{0, 1 << 20} { // no feeder's budget, and one
+		t.Run(fmt.Sprintf("MaxHeldBytes=%d", budget), func(t *testing.T) {
+			_, pub, q := declaredVia(t, "")
+			const n = 50
+			var held atomic.Int64
+			first, release := make(chan struct{}), make(chan struct{})
+			var mu sync.Mutex
+			var sizes []int
+			_, r := startConsumer(t, queue.ConsumerConfig{
+				Queue: q, MaxBatch: 1000, Linger: -1, MaxHeldBytes: budget,
+				Hooks: queue.Hooks{Held: func(b int64) { held.Store(b) }},
+			}, func(_ context.Context, b *queue.Batch) error {
+				mu.Lock()
+				sizes = append(sizes, len(b.Deliveries))
+				k := len(sizes)
+				mu.Unlock()
+				if k == 1 {
+					close(first)
+					<-release
+				}
+				return nil
+			})
+			msg := func(id string) queue.Message {
+				return queue.Message{RoutingKey: q, MessageID: id, Body: []byte("0123456789")}
+			}
+			if err := pub.Publish(t.Context(), msg("first")); err != nil {
+				t.Fatal(err)
+			}
+			receive(t, first, 10*time.Second, "the first batch")
+			for i := range n {
+				if err := pub.Publish(t.Context(), msg(fmt.Sprint(i))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// All n are in the worker (the slow start of a budget included)
+			// before the first batch is let go.
+			if !eventually(10*time.Second, func() bool { return held.Load() == (n+1)*10 }) {
+				t.Fatalf("the worker holds %d bytes, want %d", held.Load(), (n+1)*10)
+			}
+			close(release)
+			if !eventually(10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(sizes) >= 2 }) {
+				t.Fatal("no second batch")
+			}
+			r.stop(t, 10*time.Second)
+			mu.Lock()
+			defer mu.Unlock()
+			if sizes[1] != n {
+				t.Errorf("batches of %v: the second holds %d of the %d deliveries waiting, want all", sizes, sizes[1], n)
+			}
+		})
+	}
+}
+
 // A graceful stop gives a held batch back once, after cancelling the
 // consumer. Given back before, the broker delivers it straight back to the
 // consumer that is stopping, which gives it back a second time: two

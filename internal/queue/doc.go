@@ -34,9 +34,16 @@
 //     that hangs) holds only its own deliveries, while the other slots go
 //     on handling and acking the deliveries behind it.
 //
+//   - A batch is what is ready when it is collected. A feeder (feeder.go)
+//     reads the channel's deliveries and hands the collector all it has
+//     received since the last take, in one slice: handed over one at a
+//     time through a channel, only the delivery being offered at that
+//     instant is visible, and without a linger a batch would close with
+//     one or two while dozens wait.
+//
 //   - RabbitMQ has no prefetch by bytes (basic.qos prefetch-size is not
 //     implemented), and amqp091 buffers whatever the broker pushes. With
-//     MaxHeldBytes, a feeder (feeder.go) counts the bytes received and not
+//     MaxHeldBytes, the feeder counts the bytes received and not
 //     settled, cancels the consumer past the budget and consumes again on
 //     the same channel at half, with a prefetch sized to the messages seen,
 //     starting at 1. Per-consumer qos applies to consumers started after

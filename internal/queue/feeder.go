@@ -12,11 +12,16 @@ import (
 // push before the feeder has seen how big messages are.
 const slowStart = 1
 
-// feeder bounds the bytes a session holds (ConsumerConfig.MaxHeldBytes).
-// RabbitMQ counts prefetch in messages and amqp091 buffers whatever the
-// broker pushes, so the one brake there is on bytes is to stop consuming:
-// the feeder sits between the channel's deliveries and the batches, counts
-// the bytes of every delivery received and not yet settled, and
+// feeder sits between a session's channel and its batches: it hands the
+// collector everything received since the collector last took, in one
+// slice, so a batch holds all that is ready (one delivery at a time, an
+// unbuffered hand-off shows the collector only the one the feeder is
+// offering, and a batch closes with one or two though dozens wait). With
+// a budget (ConsumerConfig.MaxHeldBytes) it also bounds the bytes the
+// session holds. RabbitMQ counts prefetch in messages and amqp091 buffers
+// whatever the broker pushes, so the one brake there is on bytes is to
+// stop consuming: the feeder counts the bytes of every delivery received
+// and not yet settled, and
 //
 //   - cancels its consumer once they pass the budget, and consumes again,
 //     on the same channel, once they fall to half of it;
@@ -34,16 +39,16 @@ const slowStart = 1
 type feeder struct {
 	ch          *amqp.Channel
 	queue, name string
-	budget      int64
+	budget      int64 // 0: no bound on bytes
 	maxPrefetch int
 	log         *slog.Logger
 	hooks       Hooks // Paused and Held; either may be nil
 
-	dead  <-chan struct{} // closed when the channel has closed
-	held  atomic.Int64    // bytes received and not settled
-	freed chan struct{}   // a settle lowered held; 1-buffered
-	halt  chan struct{}   // closed by stopConsuming
-	out   chan amqp.Delivery
+	dead  <-chan struct{}      // closed when the channel has closed
+	held  atomic.Int64         // bytes received and not settled
+	freed chan struct{}        // a settle lowered held; 1-buffered
+	halt  chan struct{}        // closed by stopConsuming
+	out   chan []amqp.Delivery // all received since the last take, in tag order
 	// failed is why consuming failed, set before out closes. Atomic: the
 	// session may look at it on the channel's close, which can come first
 	// (the connection cut) and orders nothing with the feeder's write.
@@ -58,15 +63,19 @@ type feeder struct {
 }
 
 func newFeeder(ch *amqp.Channel, dead <-chan struct{}, queue, name string, budget int64, maxPrefetch int, log *slog.Logger, hooks Hooks) *feeder {
-	return &feeder{
+	f := &feeder{
 		ch: ch, dead: dead, queue: queue, name: name, budget: budget, maxPrefetch: maxPrefetch, log: log, hooks: hooks,
-		freed: make(chan struct{}, 1), halt: make(chan struct{}), out: make(chan amqp.Delivery),
-		prefetch: min(slowStart, maxPrefetch),
+		freed: make(chan struct{}, 1), halt: make(chan struct{}), out: make(chan []amqp.Delivery),
 	}
+	f.prefetch = f.fit(0) // the whole prefetch without a budget
+	if budget > 0 {
+		f.prefetch = min(slowStart, maxPrefetch)
+	}
+	return f
 }
 
 // start consumes with the first prefetch; run takes it from there.
-func (f *feeder) start() (<-chan amqp.Delivery, error) {
+func (f *feeder) start() (<-chan []amqp.Delivery, error) {
 	src, err := f.consume()
 	if err != nil {
 		return nil, err
@@ -117,8 +126,12 @@ func (f *feeder) consume() (<-chan amqp.Delivery, error) {
 }
 
 // fit is the largest prefetch at which size-byte messages fill half the
-// budget, within 1 and the configured prefetch.
+// budget, within 1 and the configured prefetch; without a budget, the
+// configured prefetch.
 func (f *feeder) fit(size int64) int {
+	if f.budget <= 0 {
+		return f.maxPrefetch
+	}
 	return int(max(1, min(int64(f.maxPrefetch), f.budget/2/max(size, 1))))
 }
 
@@ -163,10 +176,9 @@ func (f *feeder) run(src <-chan amqp.Delivery) {
 		if src == nil && stopping && len(queue) == 0 {
 			return
 		}
-		var out chan amqp.Delivery
-		var head amqp.Delivery
+		var out chan []amqp.Delivery
 		if len(queue) > 0 {
-			out, head = f.out, queue[0]
+			out = f.out
 		}
 		select {
 		case d, ok := <-src:
@@ -190,7 +202,7 @@ func (f *feeder) run(src <-chan amqp.Delivery) {
 			queue = append(queue, d)
 			switch {
 			case cancelled:
-			case held > f.budget:
+			case f.budget > 0 && held > f.budget:
 				f.log.Debug("consumer paused: the messages held are over the budget",
 					"held_bytes", held, "budget_bytes", f.budget, "prefetch", f.prefetch, "largest_bytes", f.largest)
 				if f.hooks.Paused != nil {
@@ -200,9 +212,8 @@ func (f *feeder) run(src <-chan amqp.Delivery) {
 			case f.n >= f.prefetch && f.prefetch < f.maxPrefetch && f.fit(f.largest) > f.prefetch:
 				cancel(min(2*f.prefetch, f.fit(f.largest))) // slow start
 			}
-		case out <- head:
-			queue[0] = amqp.Delivery{}
-			queue = queue[1:]
+		case out <- queue:
+			queue = nil // the collector's now
 		case <-f.freed:
 		case <-f.dead:
 			// Paused, or the session gone without a stop: nothing reads

@@ -132,7 +132,7 @@ func TestConnStateLogsOutagesNotRetries(t *testing.T) {
 func TestCauseOfAClosedChannelIsItsClose(t *testing.T) {
 	closeErr := errors.New(`channel closed: Exception (501) Reason: "EOF"`)
 	for range 100 {
-		s := &session{cancels: make(chan string, 1)}
+		s := &session{cancels: make(chan string, 1), feeder: &feeder{}}
 		s.deadCtx, s.markDead = context.WithCancel(context.Background())
 		close(s.cancels) // before the watcher saw the close, or after: either way
 		go func() {
@@ -145,7 +145,7 @@ func TestCauseOfAClosedChannelIsItsClose(t *testing.T) {
 	}
 
 	// A real broker-side cancel, on a channel that lives, is reported as such.
-	s := &session{cancels: make(chan string, 1)}
+	s := &session{cancels: make(chan string, 1), feeder: &feeder{}}
 	s.deadCtx, s.markDead = context.WithCancel(context.Background())
 	defer s.markDead()
 	s.cancels <- "klaxon-consumer-x"
