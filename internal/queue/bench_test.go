@@ -59,17 +59,22 @@ func BenchmarkPublish(b *testing.B) {
 
 // BenchmarkConsume consumes and acks 10k messages per op (preloaded outside
 // the timer) with a handler that does nothing, so it measures the plumbing:
-// delivery, batching and multiple acks. The time includes connecting.
+// delivery, batching and multiple acks. The time includes connecting. The
+// last case is the worker's defaults (KLAXON_PREFETCH, _BATCH_SIZE,
+// _MAX_HELD_BYTES).
 func BenchmarkConsume(b *testing.B) {
-	for _, tc := range []struct{ prefetch, batch int }{{100, 100}, {1000, 1}, {1000, 64}, {1000, 256}, {2000, 256}, {5000, 1000}} {
-		b.Run(fmt.Sprintf("prefetch=%d/batch=%d", tc.prefetch, tc.batch), func(b *testing.B) {
+	for _, tc := range []struct {
+		prefetch, batch int
+		held            int64 // MaxHeldBytes
+	}{{100, 100, 0}, {1000, 1, 0}, {1000, 64, 0}, {1000, 256, 0}, {2000, 256, 0}, {5000, 1000, 0}, {2000, 1000, 64 << 20}} {
+		b.Run(fmt.Sprintf("prefetch=%d/batch=%d/held=%d", tc.prefetch, tc.batch, tc.held), func(b *testing.B) {
 			br := newBroker(b)
 			q := br.queueName()
 			pub := newPublisher(b, queue.PublisherConfig{Logger: quietLogger()})
 			if err := pub.Declare(b.Context(), q, nil); err != nil {
 				b.Fatal(err)
 			}
-			c, err := queue.NewConsumer(queue.ConsumerConfig{URL: brokerURL(), Queue: q, Prefetch: tc.prefetch, MaxBatch: tc.batch, Logger: quietLogger()})
+			c, err := queue.NewConsumer(queue.ConsumerConfig{URL: brokerURL(), Queue: q, Prefetch: tc.prefetch, MaxBatch: tc.batch, MaxHeldBytes: tc.held, Logger: quietLogger()})
 			if err != nil {
 				b.Fatal(err)
 			}
