@@ -182,7 +182,8 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			}
 			c, err := queue.NewConsumer(queue.ConsumerConfig{
 				URL: cfg.AMQPURL, Queue: in.Name, Exchange: in.Exchange, QueueType: queue.Type(cfg.QueueType), ConnectionName: name,
-				Prefetch: cfg.Prefetch, MaxBatch: cfg.BatchSize, Concurrency: cfg.BatchesInFlight, InOrder: true, Pipelined: true,
+				Prefetch: cfg.Prefetch, MaxBatch: cfg.BatchSize, Linger: linger(cfg.BatchLinger),
+				Concurrency: cfg.BatchesInFlight, InOrder: true, Pipelined: true,
 				MaxHeldBytes: cfg.MaxHeldBytes, Logger: log.With("stage", "evaluator"),
 				Hooks: batchHooks(m, "evaluator", in.Name),
 			})
@@ -494,6 +495,15 @@ func depths(ctx context.Context, pub *queue.Publisher, queues []string, m *metri
 		case <-tick.C:
 		}
 	}
+}
+
+// linger is KLAXON_BATCH_LINGER as the consumer takes it, where 0 means
+// its default and none is negative.
+func linger(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 func boolFloat(b bool) float64 {

@@ -59,6 +59,7 @@ const (
 	EnvPrefetch        = "KLAXON_PREFETCH"
 	EnvBatchSize       = "KLAXON_BATCH_SIZE"
 	EnvBatchesInFlight = "KLAXON_BATCHES_IN_FLIGHT"
+	EnvBatchLinger     = "KLAXON_BATCH_LINGER"
 	EnvMaxHeldBytes    = "KLAXON_MAX_HELD_BYTES"
 	EnvGroupsPerCall   = "KLAXON_REDIS_GROUPS_PER_CALL"
 	EnvDedupTTL        = "KLAXON_DEDUP_TTL"
@@ -123,6 +124,8 @@ const (
 	defaultPrefetch        = 2000
 	defaultBatchSize       = 1000
 	defaultBatchesInFlight = 1
+	defaultBatchLinger     = 2 * time.Millisecond
+	maxBatchLinger         = 100 * time.Millisecond
 	defaultGroupsPerCall   = 32
 	defaultDedupTTL        = 10 * time.Minute
 	defaultWaitTimeout     = time.Second
@@ -188,6 +191,7 @@ func Variables() []Variable {
 		{EnvPrefetch, "", strconv.Itoa(defaultPrefetch), false, "unacknowledged messages one worker holds per queue (1-65535)"},
 		{EnvBatchSize, "", strconv.Itoa(defaultBatchSize), false, "most events counted in one Redis call; at most KLAXON_PREFETCH"},
 		{EnvBatchesInFlight, "", strconv.Itoa(defaultBatchesInFlight), false, "batches of an incoming queue one worker handles at once (1-4): with more than 1 the others decode and match while one counts, in smaller batches: more Redis reads and writes of each group's state an event"},
+		{EnvBatchLinger, "", formatDuration(defaultBatchLinger), false, "how long a batch smaller than KLAXON_BATCH_SIZE waits for more events (0-100ms, 0: not at all): fewer Redis round trips an event, for that much latency"},
 		{EnvMaxHeldBytes, "", formatSize(defaultHeldBytes), false, "bytes of incoming messages a worker holds unacknowledged before it pauses consuming (1MiB-16GiB)"},
 		{EnvGroupsPerCall, "", strconv.Itoa(defaultGroupsPerCall), false, "(project, group)s counted in one Lua call on a single Redis node or Sentinel (1-1000; always 1 on Cluster); 1 behind a proxy that routes commands by key"},
 		{EnvDedupTTL, "", formatDuration(defaultDedupTTL), false, "how long a message's identity (message-id, else repetitionId) is remembered for de-duplication"},
@@ -258,6 +262,7 @@ type Config struct {
 	Prefetch        int           // KLAXON_PREFETCH, 1..65535
 	BatchSize       int           // KLAXON_BATCH_SIZE, 1..Prefetch
 	BatchesInFlight int           // KLAXON_BATCHES_IN_FLIGHT, 1..4
+	BatchLinger     time.Duration // KLAXON_BATCH_LINGER, 0..100ms; 0 = none
 	MaxHeldBytes    int64         // KLAXON_MAX_HELD_BYTES, of the incoming queue's consumer
 	GroupsPerCall   int           // KLAXON_REDIS_GROUPS_PER_CALL, 1..1000
 	DedupTTL        time.Duration // KLAXON_DEDUP_TTL, > 0
@@ -498,6 +503,7 @@ func Load(getenv func(string) string) (Config, error) {
 	c.Role = l.role()
 	c.Prefetch, c.BatchSize = l.batching()
 	c.BatchesInFlight = l.count(EnvBatchesInFlight, defaultBatchesInFlight, 1, 4)
+	c.BatchLinger = l.linger()
 	c.MaxHeldBytes = l.size(EnvMaxHeldBytes, defaultHeldBytes, 1<<20, 16<<30)
 	c.GroupsPerCall = l.groupsPerCall()
 	c.DedupTTL = l.duration(EnvDedupTTL, defaultDedupTTL)
@@ -1001,6 +1007,21 @@ func (l *loader) wait(redisURL string) (int, time.Duration) {
 }
 
 // count reads a whole number from lo to hi.
+// linger reads KLAXON_BATCH_LINGER, where 0, unlike in other durations,
+// is a choice: no wait.
+func (l *loader) linger() time.Duration {
+	s := l.lookup(EnvBatchLinger, "", false)
+	if !s.set() {
+		return defaultBatchLinger
+	}
+	d, err := time.ParseDuration(s.value)
+	if err != nil || d < 0 || d > maxBatchLinger {
+		l.fail(s, fmt.Sprintf("%q is not a duration from 0 to %s (write it as Go does: 0, 500us, 2ms)", s.value, maxBatchLinger))
+		return defaultBatchLinger
+	}
+	return d
+}
+
 func (l *loader) count(name string, def, lo, hi int) int {
 	s := l.lookup(name, "", false)
 	if !s.set() {

@@ -46,6 +46,7 @@ func TestLoadDefaults(t *testing.T) {
 		Prefetch:          2000,
 		BatchSize:         1000,
 		BatchesInFlight:   1,
+		BatchLinger:       2 * time.Millisecond,
 		MaxHeldBytes:      64 << 20,
 		GroupsPerCall:     32,
 		DedupTTL:          10 * time.Minute,
@@ -238,6 +239,9 @@ func TestLoadValues(t *testing.T) {
 		}},
 		{"batches in flight, default", nil, func(c Config) bool { return c.BatchesInFlight == 1 }},
 		{"two batches in flight", map[string]string{EnvBatchesInFlight: "2"}, func(c Config) bool { return c.BatchesInFlight == 2 }},
+		{"linger default", map[string]string{}, func(c Config) bool { return c.BatchLinger == 2*time.Millisecond }},
+		{"no linger", map[string]string{EnvBatchLinger: "0"}, func(c Config) bool { return c.BatchLinger == 0 }},
+		{"linger", map[string]string{EnvBatchLinger: "500us"}, func(c Config) bool { return c.BatchLinger == 500*time.Microsecond }},
 		{"hashed queues, all consumed", map[string]string{EnvQueueShards: "2"}, func(c Config) bool {
 			return slices.Equal(c.IncomingQueues(), []IncomingQueue{{Name: "notifier"},
 				{Name: "notifier.0", Exchange: "notifier.hash"}, {Name: "notifier.1", Exchange: "notifier.hash"}})
@@ -314,6 +318,9 @@ func TestLoadInvalid(t *testing.T) {
 		{map[string]string{EnvQueue: strings.Repeat("q", 251)}, EnvQueue, "250"},
 		{map[string]string{EnvBatchesInFlight: "0"}, EnvBatchesInFlight, "from 1 to 4"},
 		{map[string]string{EnvBatchesInFlight: "5"}, EnvBatchesInFlight, "from 1 to 4"},
+		{map[string]string{EnvBatchLinger: "-1ms"}, EnvBatchLinger, "from 0 to 100ms"},
+		{map[string]string{EnvBatchLinger: "1s"}, EnvBatchLinger, "from 0 to 100ms"},
+		{map[string]string{EnvBatchLinger: "2"}, EnvBatchLinger, "from 0 to 100ms"},
 		{map[string]string{EnvQueueShards: "-1"}, EnvQueueShards, "from 0 to 256"},
 		{map[string]string{EnvQueueShards: "257"}, EnvQueueShards, "from 0 to 256"},
 		{map[string]string{EnvQueueShards: "four"}, EnvQueueShards, "whole number"},
