@@ -352,6 +352,13 @@ func TestRunEndToEnd(t *testing.T) {
 			t.Errorf("%s: %+v", r.System, r)
 		}
 	}
+	// The bare consumer times every message of its latency phase, on one
+	// queue and on the hashed ones.
+	for _, i := range []int{0, 3} {
+		if l := rep.Results[i].Latency; l == nil || l.Events == 0 || l.Received != l.Events || l.P99 <= 0 {
+			t.Errorf("the floor's latency on %d queue(s): %+v", rep.Results[i].Queues, l)
+		}
+	}
 	// Hawk's notifier reads one queue: it runs with one only.
 	if strings.Join(systems, ",") != "ceiling×1,hawk×1,klaxon×1,ceiling×2,klaxon×2" {
 		t.Fatalf("systems %v", systems)

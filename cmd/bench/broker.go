@@ -229,7 +229,7 @@ func (p pacer) run(ctx context.Context, b *broker, msg func(i int) queue.Message
 		for ; i < due; i++ {
 			m := msg(i)
 			err := ch.PublishWithContext(ctx, m.Exchange, m.RoutingKey, false, false, amqp.Publishing{
-				ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: m.Body,
+				ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: m.Body, MessageId: m.MessageID,
 			})
 			if err != nil {
 				return fmt.Errorf("publish: %w", err)

@@ -20,6 +20,8 @@
 //     the last ack. Then events are published at half that rate for a
 //     while, with latency probes (ONLY_NEW events of new groups, so each
 //     notifies) whose publish→webhook time gives p50/p95/p99.
+//     The bare consumer is timed the same way, every message from publish
+//     to delivery: the floor any system's latency stands on.
 //
 // With -queues N above 1 the events go through the consistent-hash exchange
 // into N hashed queues, keyed by groupHash (KLAXON_QUEUE_SHARDS=N): the
@@ -752,7 +754,90 @@ func (b *bench) runCeiling(ctx context.Context) (Result, error) {
 	}
 	res.Seconds = all.seconds()
 	res.EventsPerSec = float64(res.Events) / res.Seconds
+	if b.o.latency > 0 {
+		rate := res.EventsPerSec / 2
+		if b.o.latencyRate > 0 {
+			rate = b.o.latencyRate
+		}
+		l, err := b.floorLatency(ctx, conns, rate)
+		if err != nil {
+			return res, fmt.Errorf("floor latency: %w", err)
+		}
+		res.Latency = l
+	}
 	return res, nil
+}
+
+// floorLatency is the broker's own part of the latency: the workload
+// published at rate for the latency duration, as measureLatency does, and
+// every message timed from its publish to its delivery to a bare consumer
+// that acks it at once. No system can be faster on this broker and host.
+func (b *bench) floorLatency(ctx context.Context, conns []*amqp.Connection, rate float64) (*Latency, error) {
+	total := max(int(rate*b.o.latency.Seconds()), 1)
+	l := &Latency{Rate: rate, Events: total, Probes: total}
+	sent := make([]atomic.Int64, total) // UnixNano of each publish
+	got := make([]atomic.Int64, total)  // of each delivery
+	var received atomic.Int64
+	cctx, stop := context.WithCancel(ctx)
+	defer stop()
+	errs := make(chan error, len(b.incoming))
+	for i, q := range b.incoming {
+		ch, err := conns[i].Channel()
+		if err != nil {
+			return nil, fmt.Errorf("open channel: %w", err)
+		}
+		defer ch.Close()
+		if err := ch.Qos(1000, 0, false); err != nil {
+			return nil, fmt.Errorf("qos: %w", err)
+		}
+		deliveries, err := ch.ConsumeWithContext(cctx, q, "", false, false, false, false, nil)
+		if err != nil {
+			return nil, fmt.Errorf("consume %s: %w", q, err)
+		}
+		go func() {
+			for d := range deliveries {
+				now := time.Now().UnixNano()
+				if n, err := strconv.Atoi(d.MessageId); err == nil && n >= 0 && n < total {
+					got[n].Store(now)
+					received.Add(1)
+				}
+				if err := d.Ack(false); err != nil {
+					errs <- fmt.Errorf("ack: %w", err)
+					return
+				}
+			}
+		}()
+	}
+	phase := b.prog.phase(fmt.Sprintf("floor latency at %s/s", thousands(rate)), int64(total))
+	p := pacer{rate: rate, total: total}
+	err := p.run(ctx, b.br, func(i int) queue.Message {
+		sent[i].Store(time.Now().UnixNano())
+		m := b.message(b.work.groupHash(i), b.work.body(1, i))
+		m.MessageID = strconv.Itoa(i)
+		return m
+	}, phase)
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for received.Load() < int64(total) && time.Now().Before(deadline) {
+		select {
+		case err := <-errs:
+			return nil, err
+		default:
+		}
+		if err := sleep(ctx, 20*time.Millisecond); err != nil {
+			return nil, err
+		}
+	}
+	lat := make([]time.Duration, 0, total)
+	for i := range total {
+		if g := got[i].Load(); g != 0 {
+			lat = append(lat, time.Duration(g-sent[i].Load()))
+		}
+	}
+	l.summarize(lat, nil)
+	return l, nil
 }
 
 // queuesLabel names the layout in progress lines: "" for one queue.

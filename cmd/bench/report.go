@@ -211,7 +211,9 @@ func writeTable(w io.Writer, rep *Report) {
 			if l.Received < l.Probes {
 				row[10] += fmt.Sprintf(" (%d of %d probes)", l.Received, l.Probes)
 			}
-			row[10] += fmt.Sprintf("; to the firing p50 / p99 %.0f / %.0f", l.FiredP50, l.FiredP99)
+			if r.System != "ceiling" {
+				row[10] += fmt.Sprintf("; to the firing p50 / p99 %.0f / %.0f", l.FiredP50, l.FiredP99)
+			}
 		}
 		rows = append(rows, row)
 	}
