@@ -46,6 +46,9 @@ type Config struct {
 	// BatchesInFlight is the workers' KLAXON_BATCHES_IN_FLIGHT [their
 	// default].
 	BatchesInFlight int
+	// BatchLinger is the workers' KLAXON_BATCH_LINGER ("0", "2ms") [their
+	// default].
+	BatchLinger string
 	// LogLevel is the workers' KLAXON_LOG_LEVEL [warn].
 	LogLevel string
 	// Dir holds the rules file and the workers' logs; "" makes a temporary
@@ -263,6 +266,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	if cfg.BatchesInFlight > 0 {
 		settings["KLAXON_BATCHES_IN_FLIGHT"] = fmt.Sprint(cfg.BatchesInFlight)
+	}
+	if cfg.BatchLinger != "" {
+		settings["KLAXON_BATCH_LINGER"] = cfg.BatchLinger
 	}
 	f := newFleet(cfg.Worker, workerEnv(settings), dir, cfg.Workers, log)
 	s, err := newSink(f.pids)

@@ -39,6 +39,7 @@ func TestExactlyOneNotificationUnderCrashes(t *testing.T) {
 		// KLAXON_TEST_CHAOS_FLIGHT runs the workers with that many batches
 		// in flight (their default otherwise).
 		BatchesInFlight: envInt(t, "KLAXON_TEST_CHAOS_FLIGHT", 0),
+		BatchLinger:     os.Getenv("KLAXON_TEST_CHAOS_LINGER"), // likewise, KLAXON_BATCH_LINGER
 		Seed:            seed,
 		Timeout:         90 * time.Second,
 		AMQPURL:         testenv.AMQPURL(t),

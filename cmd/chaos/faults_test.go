@@ -65,6 +65,7 @@ func runFaults(t *testing.T, cfg Config) *Result {
 	cfg.Groups = max(150, cfg.Events/40)
 	cfg.Rate = 300
 	cfg.BatchesInFlight = envInt(t, "KLAXON_TEST_CHAOS_FLIGHT", 0)
+	cfg.BatchLinger = os.Getenv("KLAXON_TEST_CHAOS_LINGER")
 	cfg.Seed = uint64(time.Now().UnixNano())
 	cfg.Timeout = time.Duration(cfg.Events/cfg.Rate)*time.Second + 3*time.Minute
 	cfg.AMQPURL = testenv.AMQPURL(t)

@@ -51,6 +51,7 @@ func main() {
 	flag.IntVar(&cfg.ReshardSlots, "reshard-slots", 200, "slots each reshard moves")
 	flag.IntVar(&cfg.WaitReplicas, "wait-replicas", 0, "the workers' KLAXON_REDIS_WAIT_REPLICAS")
 	flag.IntVar(&cfg.BatchesInFlight, "batches-in-flight", 0, "the workers' KLAXON_BATCHES_IN_FLIGHT; 0 leaves their default")
+	flag.StringVar(&cfg.BatchLinger, "batch-linger", "", "the workers' KLAXON_BATCH_LINGER (0: none); empty leaves their default")
 	flag.StringVar(&cfg.LogLevel, "log-level", "warn", "the workers' KLAXON_LOG_LEVEL")
 	flag.StringVar(&cfg.Dir, "dir", "", "directory for the rules file and worker logs (default: a temporary one, removed after a clean run)")
 	flag.BoolVar(&cfg.Keep, "keep", false, "keep the worker logs after a clean run")
