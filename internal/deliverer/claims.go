@@ -50,12 +50,24 @@ func isClaimToken(v string) bool {
 // (Keep, 48 h) would be taken for the claim's, parking the job for the
 // longest retry delay.
 func (d *Deliverer) claim(ctx context.Context, key, token string) (int, time.Duration, error) {
+	return d.claimAndRead(ctx, key, token, nil)
+}
+
+// claimAndRead is claim, with read's commands sent in the same round trip
+// where they can be: in the claim's transaction on a single node or
+// Sentinel; on a cluster, whose transactions hold one slot's keys, after
+// it, and only once the claim is ours.
+func (d *Deliverer) claimAndRead(ctx context.Context, key, token string, read func(redis.Cmdable)) (int, time.Duration, error) {
 	var set *redis.StatusCmd
 	var ttl *redis.DurationCmd
+	_, cluster := d.rdb.(*redis.ClusterClient)
 	err := d.replicated(ctx, func(rdb redis.Cmdable) error {
 		_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 			set = p.SetArgs(ctx, key, token, redis.SetArgs{Mode: "NX", Get: true, TTL: 2 * d.cfg.SendTimeout})
 			ttl = p.PTTL(ctx, key)
+			if read != nil && !cluster {
+				read(p)
+			}
 			return nil
 		})
 		if errors.Is(err, redis.Nil) {
@@ -68,12 +80,13 @@ func (d *Deliverer) claim(ctx context.Context, key, token string) (int, time.Dur
 	}
 	old, err := set.Result()
 	switch {
-	case errors.Is(err, redis.Nil):
+	case errors.Is(err, redis.Nil), err == nil && old == token: // ours; or our own, from a failed try of this batch
+		if read != nil && cluster {
+			read(d.rdb)
+		}
 		return claimed, 0, nil
 	case err != nil:
 		return 0, 0, fmt.Errorf("claim %s: %w", key, err)
-	case old == token:
-		return claimed, 0, nil // our own claim, from a failed try of this batch
 	case isClaimToken(old):
 		return busy, max(ttl.Val(), 0), nil
 	}

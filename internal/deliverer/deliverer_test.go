@@ -636,3 +636,58 @@ func TestFlushRecordsOutcomesKeptInMemory(t *testing.T) {
 		t.Errorf("%d outcomes still kept after Flush", left)
 	}
 }
+
+// A notification costs the deliverer two Redis round trips on a single
+// node: its claim, which reads the rule's snoozes in the same
+// transaction, and its record once sent.
+func TestANotificationCostsTwoRedisRoundTrips(t *testing.T) {
+	rec := &recorder{}
+	pub, d := startDeliverer(t, Config{Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": rec})
+	trips := &roundTrips{}
+	d.rdb.AddHook(trips)
+	m := job(t, "n1")
+	m.RoutingKey = d.Queue()
+	if err := pub.Publish(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	key := d.claimKey("n1:slack")
+	deadline := time.Now().Add(10 * time.Second)
+	for d.rdb.Get(context.Background(), key).Val() != "sent" {
+		if time.Now().After(deadline) {
+			t.Fatalf("n1 not recorded as sent; %d sends", len(rec.times()))
+		}
+		time.Sleep(10 * time.Millisecond) // polling a condition with a deadline
+	}
+	// The polling GETs went through the hook too.
+	if got := trips.n.Load() - trips.gets.Load(); got != 2 {
+		t.Errorf("%d round trips for one notification, want 2: the claim with the snooze read, and the record", got)
+	}
+}
+
+// roundTrips counts a client's round trips: a command sent alone, or a
+// pipeline or transaction; GETs apart, and not what opens a connection
+// (HELLO, CLIENT SETINFO), which a pool does once per connection.
+type roundTrips struct{ n, gets atomic.Int64 }
+
+func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		switch cmd.Name() {
+		case "hello", "client":
+		case "get":
+			r.gets.Add(1)
+			r.n.Add(1)
+		default:
+			r.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 && cmds[0].Name() != "client" {
+			r.n.Add(1)
+		}
+		return next(ctx, cmds)
+	}
+}

@@ -9,10 +9,12 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/klaxonhq/klaxon/internal/netguard"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
+	"github.com/klaxonhq/klaxon/internal/snooze"
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
@@ -94,7 +96,11 @@ func (d *Deliverer) admit(ctx context.Context, job *wire.Job, token string) (adm
 	if ok, err := d.settled(ctx, key); ok {
 		return settledBefore, 0, err
 	}
-	state, wait, err := d.claim(ctx, key, token)
+	// The rule's snoozes are read with the claim: one round trip for both.
+	var snoozes *snooze.Lookup
+	state, wait, err := d.claimAndRead(ctx, key, token, func(c redis.Cmdable) {
+		snoozes = snooze.New(d.rdb, d.cfg.Prefix).Lookup(ctx, c, job.ProjectID, job.RuleID, job.Notification.Event.GroupHash)
+	})
 	if err != nil {
 		return 0, 0, err
 	}
@@ -105,7 +111,7 @@ func (d *Deliverer) admit(ctx context.Context, job *wire.Job, token string) (adm
 	case busy:
 		return heldElsewhere, wait, nil
 	}
-	if held, err := d.hold(ctx, job, key); held || err != nil {
+	if held, err := d.hold(ctx, job, key, snoozes); held || err != nil {
 		return settledBefore, 0, err
 	}
 	if job.MinPeriod > 0 && !job.Throttled {

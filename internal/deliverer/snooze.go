@@ -35,13 +35,13 @@ const snoozePoll = time.Minute
 // summary delayed by a broker or provider outage.
 const heldFor = 48 * time.Hour
 
-// hold holds back a firing whose rule (or group) is snoozed: it is
-// recorded as snoozed, and kept for the snooze's summary. held false means
-// send it.
-func (d *Deliverer) hold(ctx context.Context, job *wire.Job, key string) (held bool, err error) {
+// hold holds back a firing whose rule (or group) is snoozed, as snoozes
+// (read with its claim) say: it is recorded as snoozed, and kept for the
+// snooze's summary. held false means send it.
+func (d *Deliverer) hold(ctx context.Context, job *wire.Job, key string, snoozes *snooze.Lookup) (held bool, err error) {
 	n := job.Notification
 	now := d.now()
-	sn, err := snooze.New(d.rdb, d.cfg.Prefix).Active(ctx, job.ProjectID, job.RuleID, n.Event.GroupHash, now)
+	sn, err := snoozes.Active(now)
 	if err != nil || sn == nil {
 		return false, err
 	}

@@ -182,9 +182,30 @@ func (s *Store) List(ctx context.Context, projectID string) ([]Snooze, error) {
 // Active is the snooze holding back a firing of rule for group at now:
 // of the rule's and the group's, the one that ends last; nil when none.
 func (s *Store) Active(ctx context.Context, projectID, ruleID, group string, now time.Time) (*Snooze, error) {
-	vals, err := s.rdb.HMGet(ctx, s.key(projectID), field(ruleID, ""), field(ruleID, group)).Result()
+	return s.Lookup(ctx, s.rdb, projectID, ruleID, group).Active(now)
+}
+
+// A Lookup is Active's read, queued in a pipeline or transaction of the
+// caller's so that it costs no round trip of its own.
+type Lookup struct {
+	cmd                      *redis.SliceCmd
+	projectID, ruleID, group string
+}
+
+// Lookup sends, or queues on a pipeline, the read of the snoozes of rule
+// for group; its Active answers once it ran.
+func (s *Store) Lookup(ctx context.Context, c redis.Cmdable, projectID, ruleID, group string) *Lookup {
+	return &Lookup{
+		cmd:       c.HMGet(ctx, s.key(projectID), field(ruleID, ""), field(ruleID, group)),
+		projectID: projectID, ruleID: ruleID, group: group,
+	}
+}
+
+// Active is what Store.Active says, from the lookup's answer.
+func (l *Lookup) Active(now time.Time) (*Snooze, error) {
+	vals, err := l.cmd.Result()
 	if err != nil {
-		return nil, fmt.Errorf("read snoozes of rule %s of project %s: %w", ruleID, projectID, err)
+		return nil, fmt.Errorf("read snoozes of rule %s of project %s: %w", l.ruleID, l.projectID, err)
 	}
 	var best *Snooze
 	for _, v := range vals {
@@ -194,10 +215,10 @@ func (s *Store) Active(ctx context.Context, projectID, ruleID, group string, now
 		}
 		var rec record
 		if err := json.Unmarshal([]byte(str), &rec); err != nil {
-			return nil, fmt.Errorf("read snoozes of rule %s of project %s: %w", ruleID, projectID, err)
+			return nil, fmt.Errorf("read snoozes of rule %s of project %s: %w", l.ruleID, l.projectID, err)
 		}
 		sn := rec.snooze()
-		if sn.Covers(ruleID, group, now) && (best == nil || sn.Until.After(best.Until)) {
+		if sn.Covers(l.ruleID, l.group, now) && (best == nil || sn.Until.After(best.Until)) {
 			best = &sn
 		}
 	}
