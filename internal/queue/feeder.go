@@ -63,15 +63,15 @@ type feeder struct {
 }
 
 func newFeeder(ch *amqp.Channel, dead <-chan struct{}, queue, name string, budget int64, maxPrefetch int, log *slog.Logger, hooks Hooks) *feeder {
-	f := &feeder{
+	prefetch := maxPrefetch // without a budget, all of it at once
+	if budget > 0 {
+		prefetch = min(slowStart, maxPrefetch)
+	}
+	return &feeder{
 		ch: ch, dead: dead, queue: queue, name: name, budget: budget, maxPrefetch: maxPrefetch, log: log, hooks: hooks,
 		freed: make(chan struct{}, 1), halt: make(chan struct{}), out: make(chan []amqp.Delivery),
+		prefetch: prefetch,
 	}
-	f.prefetch = f.fit(0) // the whole prefetch without a budget
-	if budget > 0 {
-		f.prefetch = min(slowStart, maxPrefetch)
-	}
-	return f
 }
 
 // start consumes with the first prefetch; run takes it from there.
