@@ -755,17 +755,22 @@ func (b *bench) runCeiling(ctx context.Context) (Result, error) {
 	res.Seconds = all.seconds()
 	res.EventsPerSec = float64(res.Events) / res.Seconds
 	if b.o.latency > 0 {
-		rate := res.EventsPerSec / 2
-		if b.o.latencyRate > 0 {
-			rate = b.o.latencyRate
-		}
-		l, err := b.floorLatency(ctx, conns, rate)
+		l, err := b.floorLatency(ctx, conns, b.latencyRate(res.EventsPerSec))
 		if err != nil {
 			return res, fmt.Errorf("floor latency: %w", err)
 		}
 		res.Latency = l
 	}
 	return res, nil
+}
+
+// latencyRate is the rate of a latency phase after a run at measured
+// events/s: -latency-rate, or half the measured rate.
+func (b *bench) latencyRate(measured float64) float64 {
+	if b.o.latencyRate > 0 {
+		return b.o.latencyRate
+	}
+	return measured / 2
 }
 
 // floorLatency is the broker's own part of the latency: the workload
@@ -1005,11 +1010,7 @@ func (b *bench) runKlaxon(ctx context.Context, bin, variant string, k int) (Resu
 	res.Notifications = b.sink.received.Load() - notified
 
 	if b.o.latency > 0 {
-		rate := res.EventsPerSec / 2
-		if b.o.latencyRate > 0 {
-			rate = b.o.latencyRate
-		}
-		if res.Latency, err = b.measureLatency(ctx, kprefix, k, rate); err != nil {
+		if res.Latency, err = b.measureLatency(ctx, kprefix, k, b.latencyRate(res.EventsPerSec)); err != nil {
 			return res, nil, err
 		}
 	}
