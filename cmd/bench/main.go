@@ -815,12 +815,15 @@ func (b *bench) floorLatency(ctx context.Context, conns []*amqp.Connection, rate
 	}
 	phase := b.prog.phase(fmt.Sprintf("floor latency at %s/s", thousands(rate)), int64(total))
 	p := pacer{rate: rate, total: total}
-	err := p.run(ctx, b.br, func(i int) queue.Message {
-		sent[i].Store(time.Now().UnixNano())
-		m := b.message(b.work.groupHash(i), b.work.body(1, i))
-		m.MessageID = strconv.Itoa(i)
-		return m
-	}, phase)
+	var err error
+	l.HostBusy, err = busyWhile(func() error {
+		return p.run(ctx, b.br, func(i int) queue.Message {
+			sent[i].Store(time.Now().UnixNano())
+			m := b.message(b.work.groupHash(i), b.work.body(1, i))
+			m.MessageID = strconv.Itoa(i)
+			return m
+		}, phase)
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -1118,13 +1121,16 @@ func (b *bench) measureLatency(ctx context.Context, kprefix string, round int, r
 	b.sink.expect(kprefix, probes)
 	sent := b.prog.phase(fmt.Sprintf("latency at %s/s", thousands(rate)), int64(total))
 	p := pacer{rate: rate, total: total}
-	err := p.run(ctx, b.br, func(i int) queue.Message {
-		if i%every == 0 {
-			b.sink.stamp(i / every)
-			return b.message(probeGroup(kprefix, i/every), b.work.probeBody(kprefix, i/every))
-		}
-		return b.message(b.work.groupHash(i), b.work.body(round, i))
-	}, sent)
+	var err error
+	l.HostBusy, err = busyWhile(func() error {
+		return p.run(ctx, b.br, func(i int) queue.Message {
+			if i%every == 0 {
+				b.sink.stamp(i / every)
+				return b.message(probeGroup(kprefix, i/every), b.work.probeBody(kprefix, i/every))
+			}
+			return b.message(b.work.groupHash(i), b.work.body(round, i))
+		}, sent)
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -146,3 +146,60 @@ func (s cpuSet) sample() map[string]time.Duration {
 	}
 	return out
 }
+
+// hostTicks is what /proc/stat's "cpu" line says of all CPUs together:
+// ticks busy, and ticks in all.
+type hostTicks struct{ busy, total int64 }
+
+// parseHostStat reads the first line of /proc/stat, "cpu  user nice system
+// idle iowait irq softirq steal …": idle and iowait are the ticks no CPU
+// worked; guest time is already inside user, so it is not added again.
+func parseHostStat(stat []byte) (hostTicks, error) {
+	line, _, _ := bytes.Cut(stat, []byte{'\n'})
+	fields := strings.Fields(string(line))
+	if len(fields) < 9 || fields[0] != "cpu" {
+		return hostTicks{}, fmt.Errorf("first line %q is not cpu user nice system idle iowait irq softirq steal", line)
+	}
+	var t hostTicks
+	for i, f := range fields[1:9] {
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			return hostTicks{}, fmt.Errorf("field %d of the cpu line: %w", i+1, err)
+		}
+		t.total += n
+		if i != 3 && i != 4 { // idle, iowait
+			t.busy += n
+		}
+	}
+	return t, nil
+}
+
+// hostCPU reads the host's CPU ticks so far.
+func hostCPU() (hostTicks, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return hostTicks{}, fmt.Errorf("read host cpu: %w", err)
+	}
+	return parseHostStat(b)
+}
+
+// busySince is the share of all CPUs' time that was busy since before,
+// every process of the host counted: 0 when nothing can be said.
+func (t hostTicks) busySince(before hostTicks) float64 {
+	if t.total <= before.total {
+		return 0
+	}
+	return float64(t.busy-before.busy) / float64(t.total-before.total)
+}
+
+// busyWhile runs f and returns how busy the host's CPUs were meanwhile
+// (busySince), 0 when /proc/stat cannot be read.
+func busyWhile(f func() error) (float64, error) {
+	before, berr := hostCPU()
+	err := f()
+	after, aerr := hostCPU()
+	if berr != nil || aerr != nil {
+		return 0, err
+	}
+	return after.busySince(before), err
+}

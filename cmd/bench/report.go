@@ -109,6 +109,10 @@ type Latency struct {
 	// queue and the send.
 	FiredP50 float64 `json:"firedP50Ms"`
 	FiredP99 float64 `json:"firedP99Ms"`
+	// HostBusy is the share of the host's CPUs busy while the phase
+	// published, every process counted (the broker, Redis, this bench):
+	// a tail is read against how close the host was to full.
+	HostBusy float64 `json:"hostBusy"`
 }
 
 // Memory is Redis' memory for the keys of one Klaxon run.
@@ -208,6 +212,9 @@ func writeTable(w io.Writer, rep *Report) {
 		}
 		if l := r.Latency; l != nil {
 			row[10] = fmt.Sprintf("%.1f / %.1f / %.1f at %s/s", l.P50, l.P95, l.P99, thousands(l.Rate))
+			if l.HostBusy > 0 {
+				row[10] += fmt.Sprintf(", host %.0f%% busy", 100*l.HostBusy)
+			}
 			if l.Received < l.Probes {
 				row[10] += fmt.Sprintf(" (%d of %d probes)", l.Received, l.Probes)
 			}
