@@ -1013,7 +1013,11 @@ func (b *bench) runKlaxon(ctx context.Context, bin, variant string, k int) (Resu
 	res.Notifications = b.sink.received.Load() - notified
 
 	if b.o.latency > 0 {
-		if res.Latency, err = b.measureLatency(ctx, kprefix, k, b.latencyRate(res.EventsPerSec)); err != nil {
+		pids := make([]int, len(ws))
+		for i, w := range ws {
+			pids[i] = w.pid()
+		}
+		if res.Latency, err = b.measureLatency(ctx, kprefix, k, b.latencyRate(res.EventsPerSec), pids); err != nil {
 			return res, nil, err
 		}
 	}
@@ -1113,7 +1117,8 @@ func (b *bench) waitQuiet(ctx context.Context, quiet, timeout time.Duration) {
 
 // measureLatency publishes the workload at rate for the latency duration,
 // every so often a probe, and times each probe from publish to webhook.
-func (b *bench) measureLatency(ctx context.Context, kprefix string, round int, rate float64) (*Latency, error) {
+// workers are the pids whose CPU an event is read over the same span.
+func (b *bench) measureLatency(ctx context.Context, kprefix string, round int, rate float64, workers []int) (*Latency, error) {
 	total := max(int(rate*b.o.latency.Seconds()), 1)
 	every := max(int(rate/b.o.probeRate), 1)
 	probes := (total + every - 1) / every
@@ -1121,6 +1126,8 @@ func (b *bench) measureLatency(ctx context.Context, kprefix string, round int, r
 	b.sink.expect(kprefix, probes)
 	sent := b.prog.phase(fmt.Sprintf("latency at %s/s", thousands(rate)), int64(total))
 	p := pacer{rate: rate, total: total}
+	procs := cpuSet{"worker": workers}
+	cpu := procs.sample()
 	var err error
 	l.HostBusy, err = busyWhile(func() error {
 		return p.run(ctx, b.br, func(i int) queue.Message {
@@ -1134,6 +1141,7 @@ func (b *bench) measureLatency(ctx context.Context, kprefix string, round int, r
 	if err != nil {
 		return nil, err
 	}
+	l.WorkerCPU = float64((procs.sample()["worker"] - cpu["worker"]).Microseconds()) / float64(total)
 	got := b.prog.phase("latency probes", int64(probes))
 	deadline := time.Now().Add(30 * time.Second)
 	for {

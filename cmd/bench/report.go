@@ -113,6 +113,10 @@ type Latency struct {
 	// published, every process counted (the broker, Redis, this bench):
 	// a tail is read against how close the host was to full.
 	HostBusy float64 `json:"hostBusy"`
+	// WorkerCPU is the workers' CPU an event over the same span (µs), for
+	// Klaxon: at a paced rate batches are small, and what each costs is
+	// shared by fewer events than in a backlog.
+	WorkerCPU float64 `json:"workerCpuMicros,omitempty"`
 }
 
 // Memory is Redis' memory for the keys of one Klaxon run.
@@ -214,6 +218,9 @@ func writeTable(w io.Writer, rep *Report) {
 			row[10] = fmt.Sprintf("%.1f / %.1f / %.1f at %s/s", l.P50, l.P95, l.P99, thousands(l.Rate))
 			if l.HostBusy > 0 {
 				row[10] += fmt.Sprintf(", host %.0f%% busy", 100*l.HostBusy)
+			}
+			if l.WorkerCPU > 0 {
+				row[10] += fmt.Sprintf(", worker %.0f µs/ev", l.WorkerCPU)
 			}
 			if l.Received < l.Probes {
 				row[10] += fmt.Sprintf(" (%d of %d probes)", l.Received, l.Probes)
