@@ -103,6 +103,36 @@ func TestBinaryStopsOnSIGTERM(t *testing.T) {
 	}
 }
 
+// Unless GOMAXPROCS is set, a worker runs on one of Go's processors per
+// queue it consumes; GOMAXPROCS still wins.
+func TestBinaryRunsOneProcessorPerQueue(t *testing.T) {
+	if os.Getenv("GOMAXPROCS") != "" {
+		t.Skip("GOMAXPROCS is set in the test's environment")
+	}
+	h := newHarness(t)
+	w, cmd, exited, stderr := h.startBinary()
+	if got := w.metric(t, "go_sched_gomaxprocs_threads"); got != 1 {
+		t.Errorf("one queue: %v processors, want 1", got)
+	}
+	stopBinary(t, cmd, exited, stderr)
+
+	w, cmd, exited, stderr = h.startBinary("GOMAXPROCS=2")
+	if got := w.metric(t, "go_sched_gomaxprocs_threads"); got != 2 {
+		t.Errorf("GOMAXPROCS=2: %v processors, want 2", got)
+	}
+	stopBinary(t, cmd, exited, stderr)
+}
+
+func TestProcessors(t *testing.T) {
+	for _, c := range []struct{ queues, available, want int }{
+		{1, 2, 1}, {1, 16, 1}, {3, 16, 3}, {4, 2, 2}, {0, 4, 1}, {2, 1, 1},
+	} {
+		if got := processors(c.queues, c.available); got != c.want {
+			t.Errorf("processors(%d queues, %d available) = %d, want %d", c.queues, c.available, got, c.want)
+		}
+	}
+}
+
 // A setting that is present but invalid stops start-up with one line naming
 // the variable, and never prints a secret.
 func TestBinaryRejectsInvalidSetting(t *testing.T) {

@@ -26,6 +26,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -72,6 +73,17 @@ func main() {
 		// share of the worker's CPU for a few tens of MB more
 		// (docs/benchmarks.md). GOGC and GOMEMLIMIT still win.
 		debug.SetGCPercent(400)
+	}
+	if os.Getenv("GOMAXPROCS") == "" {
+		// A worker counts one batch of a queue at a time: a processor
+		// more than it has queues buys little, and where it shares a few
+		// cores with the broker and Redis it costs hand-offs between
+		// threads, a third of the worker's CPU an event on two cores
+		// (docs/benchmarks.md). GOMAXPROCS still wins.
+		if n := processors(len(cfg.IncomingQueues()), runtime.GOMAXPROCS(0)); n != runtime.GOMAXPROCS(0) {
+			runtime.GOMAXPROCS(n)
+			log.Info("Go processors set", "processors", n, "queues", len(cfg.IncomingQueues()))
+		}
 	}
 	// Unless GOMEMLIMIT says otherwise, the collector works harder as the
 	// heap nears 80% of the container's memory limit (its cgroup's), which
@@ -423,6 +435,13 @@ type consumer struct {
 }
 
 // consumedQueues names the incoming queues this worker reads.
+// processors is how many of Go's processors a worker consuming queues
+// incoming queues runs on when GOMAXPROCS is not set: one per queue, at
+// most the available ones Go would use (the host's or its container's).
+func processors(queues, available int) int {
+	return max(1, min(queues, available))
+}
+
 func consumedQueues(cfg config.Config) []string {
 	var names []string
 	for _, in := range cfg.IncomingQueues() {
