@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -35,6 +37,35 @@ func TestParseStatCPU(t *testing.T) {
 		if _, err := parseStatCPU([]byte(bad)); err == nil {
 			t.Errorf("parseStatCPU(%q) succeeded", bad)
 		}
+	}
+}
+
+// The broker is the matching process that started first, not the one
+// with the lowest pid: pids wrap, and RabbitMQ's command-line tools are
+// beam.smp processes too.
+func TestFindProcessTakesTheOldest(t *testing.T) {
+	proc := t.TempDir()
+	add := func(pid int, comm, cmdline string, start int) {
+		dir := filepath.Join(proc, strconv.Itoa(pid))
+		stat := fmt.Sprintf("%d (%s) S 1 1 1 0 -1 4194560 1 0 0 0 7 3 0 0 20 0 30 0 %d 1000 10", pid, comm, start)
+		for name, body := range map[string]string{"comm": comm + "\n", "cmdline": cmdline, "stat": stat} {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	add(2964, "beam.smp", "beam.smp\x00-s\x00rabbit\x00boot", 500)
+	add(679, "beam.smp", "beam.smp\x00-s\x00rabbitmqctl_escript", 90000) // a tool, after pids wrapped
+	add(12, "beam.smp", "beam.smp\x00-s\x00other_app", 100)              // no "rabbit"
+	add(13, "redis-server", "redis-server\x00rabbit", 50)                // another name
+	if got := findProcess(proc, "beam.smp", "rabbit"); got != 2964 {
+		t.Errorf("findProcess = %d, want 2964, the broker that started first", got)
+	}
+	if got := findProcess(proc, "nginx", ""); got != 0 {
+		t.Errorf("no such process: %d, want 0", got)
 	}
 }
 

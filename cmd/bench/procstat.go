@@ -19,14 +19,10 @@ const clockTick = 10 * time.Millisecond
 // The command name (field 2) is in parentheses and may itself hold spaces
 // and parentheses, so fields are counted from the last ')'.
 func parseStatCPU(stat []byte) (time.Duration, error) {
-	end := bytes.LastIndexByte(stat, ')')
-	if end < 0 {
-		return 0, errors.New("no ')' after the command name")
-	}
 	// After ") ": state(3) ppid(4) … utime(14) stime(15).
-	fields := strings.Fields(string(stat[end+1:]))
-	if len(fields) < 13 {
-		return 0, fmt.Errorf("%d fields after the command name, want at least 13", len(fields))
+	fields, err := statFields(stat, 13)
+	if err != nil {
+		return 0, err
 	}
 	utime, err := strconv.ParseInt(fields[11], 10, 64)
 	if err != nil {
@@ -37,6 +33,30 @@ func parseStatCPU(stat []byte) (time.Duration, error) {
 		return 0, fmt.Errorf("stime: %w", err)
 	}
 	return time.Duration(utime+stime) * clockTick, nil
+}
+
+// statFields are the fields of /proc/<pid>/stat after the command name,
+// at least want of them: field 3 (state) is the first.
+func statFields(stat []byte, want int) ([]string, error) {
+	end := bytes.LastIndexByte(stat, ')')
+	if end < 0 {
+		return nil, errors.New("no ')' after the command name")
+	}
+	fields := strings.Fields(string(stat[end+1:]))
+	if len(fields) < want {
+		return nil, fmt.Errorf("%d fields after the command name, want at least %d", len(fields), want)
+	}
+	return fields, nil
+}
+
+// parseStatStart returns starttime (field 22) from /proc/<pid>/stat: when
+// the process started, in clock ticks after boot.
+func parseStatStart(stat []byte) (int64, error) {
+	fields, err := statFields(stat, 20)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(fields[19], 10, 64)
 }
 
 // processCPU is the CPU time (user + system) pid has used so far.
@@ -84,10 +104,12 @@ func peakRSS(pid int) (int64, error) {
 
 // findProcess returns the pid of the process named comm (as in
 // /proc/<pid>/comm) whose command line contains hint, or 0 when there is
-// none. With several matches it returns the lowest pid.
+// none. With several matches it returns the one that started first: a
+// server outlives the short-lived tools that share its name (RabbitMQ's
+// rabbitmqctl is a beam.smp too), whatever their pids once pids wrap.
 func findProcess(proc, comm, hint string) int {
 	dirs, _ := filepath.Glob(filepath.Join(proc, "[0-9]*"))
-	best := 0
+	best, bestStart := 0, int64(0)
 	for _, dir := range dirs {
 		c, err := os.ReadFile(filepath.Join(dir, "comm"))
 		if err != nil || strings.TrimSpace(string(c)) != comm {
@@ -100,8 +122,19 @@ func findProcess(proc, comm, hint string) int {
 			}
 		}
 		pid, err := strconv.Atoi(filepath.Base(dir))
-		if err == nil && (best == 0 || pid < best) {
-			best = pid
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join(dir, "stat"))
+		if err != nil {
+			continue
+		}
+		start, err := parseStatStart(stat)
+		if err != nil {
+			continue
+		}
+		if best == 0 || start < bestStart || start == bestStart && pid < best {
+			best, bestStart = pid, start
 		}
 	}
 	return best
