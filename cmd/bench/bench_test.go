@@ -23,23 +23,6 @@ import (
 	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
-func TestParseStatCPU(t *testing.T) {
-	// The command name may hold spaces and parentheses.
-	stat := "4242 (my (odd) proc) S 1 4242 4242 0 -1 4194560 3125 0 0 0 170 45 0 0 20 0 9 0 1234 1000000 2000 18446744073709551615\n"
-	got, err := parseStatCPU([]byte(stat))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := 215 * clockTick; got != want {
-		t.Errorf("cpu = %v, want %v", got, want)
-	}
-	for _, bad := range []string{"", "12 (x S 1 2", "12 (x) S 1 2 3", "12 (x) S 1 2 3 4 5 6 7 8 9 10 x 4"} {
-		if _, err := parseStatCPU([]byte(bad)); err == nil {
-			t.Errorf("parseStatCPU(%q) succeeded", bad)
-		}
-	}
-}
-
 // The broker is the matching process that started first, not the one
 // with the lowest pid: pids wrap, and RabbitMQ's command-line tools are
 // beam.smp processes too.
@@ -47,7 +30,8 @@ func TestFindProcessTakesTheOldest(t *testing.T) {
 	proc := t.TempDir()
 	add := func(pid int, comm, cmdline string, start int) {
 		dir := filepath.Join(proc, strconv.Itoa(pid))
-		stat := fmt.Sprintf("%d (%s) S 1 1 1 0 -1 4194560 1 0 0 0 7 3 0 0 20 0 30 0 %d 1000 10", pid, comm, start)
+		// Every field procfs reads: starttime is the 22nd.
+		stat := fmt.Sprintf("%d (%s) S 1 1 1 0 -1 4194560 1 0 0 0 7 3 0 0 20 0 30 0 %d 1000 10 18446744073709551615 1 1 1 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n", pid, comm, start)
 		for name, body := range map[string]string{"comm": comm + "\n", "cmdline": cmdline, "stat": stat} {
 			if err := os.MkdirAll(dir, 0o755); err != nil {
 				t.Fatal(err)
@@ -69,45 +53,30 @@ func TestFindProcessTakesTheOldest(t *testing.T) {
 	}
 }
 
-func TestParseHostStat(t *testing.T) {
-	stat := "cpu  100 5 50 800 20 3 2 10 7 0\ncpu0 50 2 25 400 10 1 1 5 3 0\nintr 1\n"
-	got, err := parseHostStat([]byte(stat))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Busy: user, nice, system, irq, softirq, steal; guest (7) is inside user.
-	if want := (hostTicks{busy: 170, total: 990}); got != want {
-		t.Errorf("got %+v, want %+v", got, want)
-	}
-	later := hostTicks{busy: got.busy + 90, total: got.total + 100}
-	if b := later.busySince(got); b != 0.9 {
+func TestBusySince(t *testing.T) {
+	before := hostTime{busy: 170, total: 990}
+	if b := (hostTime{busy: 260, total: 1090}).busySince(before); b != 0.9 {
 		t.Errorf("busy since: %v, want 0.9", b)
 	}
-	if b := got.busySince(got); b != 0 {
-		t.Errorf("no ticks between: %v, want 0", b)
+	if b := before.busySince(before); b != 0 {
+		t.Errorf("no time between: %v, want 0", b)
 	}
-	for _, bad := range []string{"", "intr 1 2 3 4 5 6 7 8\n", "cpu 1 2 3\n", "cpu 1 2 3 x 5 6 7 8\n"} {
-		if _, err := parseHostStat([]byte(bad)); err == nil {
-			t.Errorf("parseHostStat(%q) succeeded", bad)
-		}
-	}
-}
-
-func TestParseStatusKB(t *testing.T) {
-	status := "Name:\tklaxon\nVmPeak:\t 1234 kB\nVmHWM:\t   35120 kB\nVmRSS:\t   30000 kB\n"
-	got, err := parseStatusKB([]byte(status), "VmHWM")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got != 35120<<10 {
-		t.Errorf("VmHWM = %d, want %d", got, 35120<<10)
-	}
-	if _, err := parseStatusKB([]byte(status), "VmSwap"); err == nil {
-		t.Error("a missing field was found")
+	now, err := hostCPU()
+	if err != nil || now.total <= 0 || now.busy <= 0 || now.busy > now.total {
+		t.Errorf("this host's cpu: %+v, %v", now, err)
 	}
 }
 
 func TestProcessCPUOfSelf(t *testing.T) {
+	if cpu, err := processCPU(os.Getpid()); err != nil || cpu <= 0 {
+		t.Errorf("this process' cpu: %v, %v", cpu, err)
+	}
+	if rss, err := peakRSS(os.Getpid()); err != nil || rss <= 0 {
+		t.Errorf("this process' peak RSS: %v, %v", rss, err)
+	}
+	if !isProcess(os.Getpid(), "bench") {
+		t.Error("this process is not found by its name")
+	}
 	if _, err := processCPU(1 << 30); err == nil {
 		t.Error("no error for a pid that does not exist")
 	}
