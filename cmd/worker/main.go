@@ -78,11 +78,12 @@ func main() {
 		// A worker counts one batch of a queue at a time: a processor
 		// more than it has queues buys little, and where it shares a few
 		// cores with the broker and Redis it costs hand-offs between
-		// threads, a third of the worker's CPU an event on two cores
-		// (docs/benchmarks.md). GOMAXPROCS still wins.
-		if n := processors(len(cfg.IncomingQueues()), runtime.GOMAXPROCS(0)); n != runtime.GOMAXPROCS(0) {
+		// threads, a quarter to a half of the worker's CPU an event on two
+		// cores (docs/benchmarks.md). GOMAXPROCS still wins.
+		queues := len(cfg.IncomingQueues())
+		if n := processors(queues, runtime.GOMAXPROCS(0)); n != runtime.GOMAXPROCS(0) {
 			runtime.GOMAXPROCS(n)
-			log.Info("Go processors set", "processors", n, "queues", len(cfg.IncomingQueues()))
+			log.Info("Go processors set", "processors", n, "queues", queues)
 		}
 	}
 	// Unless GOMEMLIMIT says otherwise, the collector works harder as the
@@ -434,14 +435,14 @@ type consumer struct {
 	*queue.Consumer
 }
 
-// consumedQueues names the incoming queues this worker reads.
-// processors is how many of Go's processors a worker consuming queues
+// processors is how many of Go's processors a worker reading queues
 // incoming queues runs on when GOMAXPROCS is not set: one per queue, at
 // most the available ones Go would use (the host's or its container's).
 func processors(queues, available int) int {
 	return max(1, min(queues, available))
 }
 
+// consumedQueues names the incoming queues this worker reads.
 func consumedQueues(cfg config.Config) []string {
 	var names []string
 	for _, in := range cfg.IncomingQueues() {

@@ -3,6 +3,7 @@ package queue_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -551,4 +552,35 @@ func TestPipelinedCollectsOnceReleased(t *testing.T) {
 		t.Errorf("second batch %v, want %v", second, want)
 	}
 	close(finishFirst)
+}
+
+// Concurrent batches are handled by Concurrency goroutines kept for the
+// session, not one started per batch, whose stack would grow afresh
+// through the handler's deep calls every time.
+func TestConcurrentBatchesRunOnKeptHandlers(t *testing.T) {
+	_, pub, q := declaredVia(t, "")
+	const n, concurrency = 40, 4
+	fill(t, pub, q, n)
+
+	var mu sync.Mutex
+	handlers := map[string]bool{} // goroutines that handled a batch
+	var handled atomic.Int64
+	startConsumer(t, queue.ConsumerConfig{Queue: q, Prefetch: 8, MaxBatch: 1, Concurrency: concurrency},
+		func(context.Context, *queue.Batch) error {
+			buf := make([]byte, 64)
+			id, _, _ := strings.Cut(string(buf[:runtime.Stack(buf, false)]), " [") // "goroutine N"
+			mu.Lock()
+			handlers[id] = true
+			mu.Unlock()
+			handled.Add(1)
+			return nil
+		})
+	if !eventually(10*time.Second, func() bool { return handled.Load() >= n }) {
+		t.Fatalf("%d of %d batches handled", handled.Load(), n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(handlers) > concurrency {
+		t.Errorf("%d batches ran on %d goroutines, want at most %d", n, len(handlers), concurrency)
+	}
 }
