@@ -67,6 +67,24 @@ func TestBusySince(t *testing.T) {
 	}
 }
 
+// loadWhile tells the CPU a span cost each process apart: this test spins
+// on one CPU for the whole span, and a gone process counts nothing.
+func TestLoadWhile(t *testing.T) {
+	spin := func() error {
+		for start := time.Now(); time.Since(start) < 300*time.Millisecond; {
+		}
+		return nil
+	}
+	l, err := loadWhile(cpuSet{"self": {os.Getpid()}, "gone": {1 << 30}}, spin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := l.cores()
+	if c["self"] < 0.5 || c["self"] > 1.5 || c["gone"] != 0 || l.busy <= 0 || l.busy > 1 {
+		t.Errorf("cores %v, host busy %v over %v: want about one CPU for this test", c, l.busy, l.elapsed)
+	}
+}
+
 func TestProcessCPUOfSelf(t *testing.T) {
 	if cpu, err := processCPU(os.Getpid()); err != nil || cpu <= 0 {
 		t.Errorf("this process' cpu: %v, %v", cpu, err)
@@ -139,7 +157,8 @@ func TestWriteTable(t *testing.T) {
 			{System: "klaxon", Workers: 2, Events: 1000, EventsPerSec: 16500, CeilingRatio: 0.83, WorkerRSS: 32 << 20,
 				PerEvent: PerEvent{RoundTrips: 0.02, Commands: 4.25, Scripts: 0.44, WorkerCPU: 20, RedisCPU: 30, BrokerCPU: 25},
 				Redis:    redisDelta{Calls: map[string]int64{"evalsha": 440, "get": 1200}, Scripts: 440, ScriptMicros: 44000, ScriptCommandMicros: 4000},
-				Latency:  &Latency{Rate: 8250, Probes: 10, Received: 9, P50: 12.5, P95: 30, P99: 41.25, FiredP50: 4, FiredP99: 19, HostBusy: 0.914, WorkerCPU: 118.4}},
+				Latency: &Latency{Rate: 8250, Probes: 10, Received: 9, P50: 12.5, P95: 30, P99: 41.25, FiredP50: 4, FiredP99: 19, HostBusy: 0.914, WorkerCPU: 118.4,
+					Cores: map[string]float64{"broker": 1.024, "bench": 0.37, "worker": 0.535, "redis": 0.161}}},
 			{System: "ceiling", Queues: 4, EventsPerSec: 40000, CeilingRatio: 1},
 		},
 		Memory: &Memory{Workers: 1, Events: 1000, Groups: 10, UsedDelta: 3 << 20, Keys: 50, PerKey: 62914.56,
@@ -151,7 +170,7 @@ func TestWriteTable(t *testing.T) {
 	for _, want := range []string{
 		"1,000 events, 2 projects × 4 rules, 10 groups (0% new)", "load average 0.50 at start, 0.75 at end",
 		"| bare consumer (ack only) ", "| Klaxon, 2 workers", "| bare consumer (ack only), 4 queues |", "16,500", "83%", "0.020", "4.25", "32 MiB",
-		"12.5 / 30.0 / 41.2 at 8,250/s, host 91% busy, worker 118 µs/ev (9 of 10 probes); to the firing p50 / p99 4 / 19",
+		"12.5 / 30.0 / 41.2 at 8,250/s, host 91% busy (broker 1.02, bench 0.37, worker 0.54, Redis 0.16 CPUs), worker 118 µs/ev (9 of 10 probes); to the firing p50 / p99 4 / 19",
 		"evalsha=440", "get=1200", "100.0 µs per call, 44.0 µs per event; of which 4.0 µs per event in the commands they call, 40.0 µs in Lua",
 		"used_memory +3.0 MiB in 50 keys", "40 group state keys, MEMORY USAGE 456 B each, of which 80 B are ids; 10 pages of ids, 1100 B each; ids: 14.2 B per event",
 	} {
@@ -379,7 +398,7 @@ func TestRunEndToEnd(t *testing.T) {
 	// The bare consumer times every message of its latency phase, on one
 	// queue and on the hashed ones.
 	for _, i := range []int{0, 3} {
-		if l := rep.Results[i].Latency; l == nil || l.Events == 0 || l.Received != l.Events || l.P99 <= 0 || l.HostBusy <= 0 || l.HostBusy > 1 {
+		if l := rep.Results[i].Latency; l == nil || l.Events == 0 || l.Received != l.Events || l.P99 <= 0 || l.HostBusy <= 0 || l.HostBusy > 1 || l.Cores["broker"] <= 0 || l.Cores["bench"] <= 0 {
 			t.Errorf("the floor's latency on %d queue(s): %+v", rep.Results[i].Queues, l)
 		}
 	}
@@ -395,7 +414,7 @@ func TestRunEndToEnd(t *testing.T) {
 	if hawk.Redis.Scripts == 0 || klaxon.Redis.Scripts == 0 || klaxon.Notifications == 0 {
 		t.Errorf("Hawk ran %d scripts, Klaxon %d and sent %d notifications", hawk.Redis.Scripts, klaxon.Redis.Scripts, klaxon.Notifications)
 	}
-	if l := klaxon.Latency; l == nil || l.Probes == 0 || l.Received != l.Probes || l.HostBusy <= 0 || l.HostBusy > 1 || l.WorkerCPU <= 0 {
+	if l := klaxon.Latency; l == nil || l.Probes == 0 || l.Received != l.Probes || l.HostBusy <= 0 || l.HostBusy > 1 || l.WorkerCPU <= 0 || l.Cores["worker"] <= 0 || l.Cores["redis"] <= 0 {
 		t.Errorf("latency %+v: every probe should notify", l)
 	}
 	if m := rep.Memory; m == nil || m.Stats.States == 0 || m.Stats.InlineBytes == 0 || m.DedupPerEvt == 0 {

@@ -651,6 +651,13 @@ type meter struct {
 	info  redisInfo
 }
 
+// hostProcs are the processes a latency phase's load is told apart for:
+// the broker, Redis, and this bench, which publishes, receives the
+// webhooks and, for the floor, consumes.
+func (b *bench) hostProcs() cpuSet {
+	return cpuSet{"broker": {b.beamPID}, "redis": {b.redisPID}, "bench": {os.Getpid()}}
+}
+
 func (b *bench) meter(consumer ...int) *meter {
 	return &meter{b: b, procs: cpuSet{"worker": consumer, "redis": {b.redisPID}, "broker": {b.beamPID}}}
 }
@@ -815,8 +822,7 @@ func (b *bench) floorLatency(ctx context.Context, conns []*amqp.Connection, rate
 	}
 	phase := b.prog.phase(fmt.Sprintf("floor latency at %s/s", thousands(rate)), int64(total))
 	p := pacer{rate: rate, total: total}
-	var err error
-	l.HostBusy, err = busyWhile(func() error {
+	span, err := loadWhile(b.hostProcs(), func() error {
 		return p.run(ctx, b.br, func(i int) queue.Message {
 			sent[i].Store(time.Now().UnixNano())
 			m := b.message(b.work.groupHash(i), b.work.body(1, i))
@@ -824,6 +830,7 @@ func (b *bench) floorLatency(ctx context.Context, conns []*amqp.Connection, rate
 			return m
 		}, phase)
 	})
+	l.HostBusy, l.Cores = span.busy, span.cores()
 	if err != nil {
 		return nil, err
 	}
@@ -1126,10 +1133,9 @@ func (b *bench) measureLatency(ctx context.Context, kprefix string, round int, r
 	b.sink.expect(kprefix, probes)
 	sent := b.prog.phase(fmt.Sprintf("latency at %s/s", thousands(rate)), int64(total))
 	p := pacer{rate: rate, total: total}
-	procs := cpuSet{"worker": workers}
-	cpu := procs.sample()
-	var err error
-	l.HostBusy, err = busyWhile(func() error {
+	procs := b.hostProcs()
+	procs["worker"] = workers
+	span, err := loadWhile(procs, func() error {
 		return p.run(ctx, b.br, func(i int) queue.Message {
 			if i%every == 0 {
 				b.sink.stamp(i / every)
@@ -1138,10 +1144,11 @@ func (b *bench) measureLatency(ctx context.Context, kprefix string, round int, r
 			return b.message(b.work.groupHash(i), b.work.body(round, i))
 		}, sent)
 	})
+	l.HostBusy, l.Cores = span.busy, span.cores()
 	if err != nil {
 		return nil, err
 	}
-	l.WorkerCPU = float64((procs.sample()["worker"] - cpu["worker"]).Microseconds()) / float64(total)
+	l.WorkerCPU = float64(span.cpu["worker"].Microseconds()) / float64(total)
 	got := b.prog.phase("latency probes", int64(probes))
 	deadline := time.Now().Add(30 * time.Second)
 	for {

@@ -157,14 +157,37 @@ func (t hostTime) busySince(before hostTime) float64 {
 	return (t.busy - before.busy) / (t.total - before.total)
 }
 
-// busyWhile runs f and returns how busy the host's CPUs were meanwhile
-// (busySince), 0 when /proc/stat cannot be read.
-func busyWhile(f func() error) (float64, error) {
+// load is what a span of time cost the host: how busy its CPUs were
+// (busySince), and the CPU time of each named group of processes.
+type load struct {
+	busy    float64
+	elapsed time.Duration
+	cpu     map[string]time.Duration
+}
+
+// loadWhile runs f and returns what it cost the host and each of procs'
+// groups meanwhile; busy is 0 when /proc/stat cannot be read.
+func loadWhile(procs cpuSet, f func() error) (load, error) {
 	before, berr := hostCPU()
+	cpu, start := procs.sample(), time.Now()
 	err := f()
-	after, aerr := hostCPU()
-	if berr != nil || aerr != nil {
-		return 0, err
+	l := load{elapsed: time.Since(start), cpu: procs.sample()}
+	for name, d := range cpu {
+		l.cpu[name] -= d
 	}
-	return after.busySince(before), err
+	if after, aerr := hostCPU(); berr == nil && aerr == nil {
+		l.busy = after.busySince(before)
+	}
+	return l, err
+}
+
+// cores is how many CPUs each group kept busy on average over the span.
+func (l load) cores() map[string]float64 {
+	out := make(map[string]float64, len(l.cpu))
+	for name, d := range l.cpu {
+		if l.elapsed > 0 {
+			out[name] = d.Seconds() / l.elapsed.Seconds()
+		}
+	}
+	return out
 }

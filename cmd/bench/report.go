@@ -117,6 +117,25 @@ type Latency struct {
 	// Klaxon: at a paced rate batches are small, and what each costs is
 	// shared by fewer events than in a backlog.
 	WorkerCPU float64 `json:"workerCpuMicros,omitempty"`
+	// Cores is how many CPUs each process kept busy on average over the
+	// same span: broker, redis, bench (the publisher and webhook sink,
+	// and the bare consumer for the floor) and, for Klaxon, worker.
+	Cores map[string]float64 `json:"cores,omitempty"`
+}
+
+// coresText names the processes that kept the host busy, and how many
+// CPUs each: " (broker 1.02, bench 0.37, worker 0.54, Redis 0.16 CPUs)".
+func (l *Latency) coresText() string {
+	var parts []string
+	for _, p := range []struct{ key, name string }{{"broker", "broker"}, {"bench", "bench"}, {"worker", "worker"}, {"redis", "Redis"}} {
+		if c, ok := l.Cores[p.key]; ok {
+			parts = append(parts, fmt.Sprintf("%s %.2f", p.name, c))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(parts, ", ") + " CPUs)"
 }
 
 // Memory is Redis' memory for the keys of one Klaxon run.
@@ -217,7 +236,7 @@ func writeTable(w io.Writer, rep *Report) {
 		if l := r.Latency; l != nil {
 			row[10] = fmt.Sprintf("%.1f / %.1f / %.1f at %s/s", l.P50, l.P95, l.P99, thousands(l.Rate))
 			if l.HostBusy > 0 {
-				row[10] += fmt.Sprintf(", host %.0f%% busy", 100*l.HostBusy)
+				row[10] += fmt.Sprintf(", host %.0f%% busy", 100*l.HostBusy) + l.coresText()
 			}
 			if l.WorkerCPU > 0 {
 				row[10] += fmt.Sprintf(", worker %.0f µs/ev", l.WorkerCPU)
