@@ -130,6 +130,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	redisOpts.DefaultPoolSize(redisPoolSize(len(cfg.IncomingQueues()), cfg.BatchesInFlight))
 	rdb := redisOpts.NewClient()
 	defer rdb.Close()
 
@@ -378,6 +379,19 @@ const (
 	deliverBatch       = 1
 	deliverConcurrency = deliverPrefetch
 )
+
+// redisPoolSize is how many Redis connections a worker may need at once
+// (each a cluster node's, on a cluster): one for each delivery job in
+// flight, which holds one while it claims or records (with its WAIT, when
+// KLAXON_REDIS_WAIT_REPLICAS asks for one), one for each batch of each
+// incoming queue, and ten for the rest (storms, the limiter, readiness
+// probes). go-redis' own default, ten per Go processor, gave a worker on
+// one processor ten for its 64 delivery jobs: a burst of sends queued for
+// connections before recording, and a kill then repeated more of them.
+// Connections are opened only when needed.
+func redisPoolSize(queues, batchesInFlight int) int {
+	return deliverConcurrency + queues*max(batchesInFlight, 1) + 10
+}
 
 // ruleCache builds the rule source of cfg and a cache in front of it.
 func ruleCache(cfg config.Config, log *slog.Logger, m *metrics.Metrics) (*store.Cache, func(), error) {

@@ -61,6 +61,24 @@ func (o *RedisOptions) NewClient() redis.UniversalClient {
 	return redis.NewClient(o.Single)
 }
 
+// DefaultPoolSize sets the connection pool's size to n unless the URL set
+// it (pool_size). go-redis would otherwise size it by Go's processors (10
+// each), which says nothing of how many commands a worker has in flight.
+func (o *RedisOptions) DefaultPoolSize(n int) {
+	var size *int
+	switch {
+	case o.Cluster != nil:
+		size = &o.Cluster.PoolSize
+	case o.Failover != nil:
+		size = &o.Failover.PoolSize
+	default:
+		size = &o.Single.PoolSize
+	}
+	if *size == 0 {
+		*size = n
+	}
+}
+
 // routesToReplicas reports whether a Sentinel client spreads commands over
 // the master and its replicas.
 func (o *RedisOptions) routesToReplicas() bool {

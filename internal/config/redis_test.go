@@ -172,3 +172,29 @@ func TestRedisOptionsErrorNamesVariable(t *testing.T) {
 		t.Errorf("RedisOptions error = %v", err)
 	}
 }
+
+// The worker sizes the pool for what it has in flight, unless the URL
+// says pool_size, on every kind of deployment.
+func TestRedisOptionsDefaultPoolSize(t *testing.T) {
+	sizes := func(o *RedisOptions) int {
+		switch {
+		case o.Cluster != nil:
+			return o.Cluster.PoolSize
+		case o.Failover != nil:
+			return o.Failover.PoolSize
+		}
+		return o.Single.PoolSize
+	}
+	for _, url := range []string{"redis://redis:6379/0", "redis+cluster://a:7000,b:7000", "redis+sentinel://s1,s2/mymaster"} {
+		for query, want := range map[string]int{"": 85, "?pool_size=7": 7} {
+			o, err := parseRedisURL(url + query)
+			if err != nil {
+				t.Fatalf("%s%s: %v", url, query, err)
+			}
+			o.DefaultPoolSize(85)
+			if got := sizes(o); got != want {
+				t.Errorf("%s%s: pool of %d, want %d", url, query, got, want)
+			}
+		}
+	}
+}
