@@ -31,7 +31,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"math"
 	"math/rand/v2"
 	"strconv"
@@ -460,12 +459,13 @@ func (e *Engine) chunks(b *batch, g *group) []part {
 			hi++
 		}
 		evs := g.events[lo:hi]
-		h := fnv.New64a()
-		fmt.Fprint(h, b.token, ",", lo, ",")
+		var buf [48]byte // "<batch token>,<lo>,"
+		head := append(strconv.AppendInt(buf[:0], b.token, 10), ',')
+		h := fnvAdd(fnvOffset, append(strconv.AppendInt(head, int64(lo), 10), ','))
 		for _, i := range evs {
-			h.Write([]byte(b.keys[i]))
+			h = fnvAdd(h, b.keys[i])
 		}
-		parts = append(parts, part{g: g, events: evs, token: int64(h.Sum64()%(1<<53-1)) + 1, work: work})
+		parts = append(parts, part{g: g, events: evs, token: int64(h%(1<<53-1)) + 1, work: work})
 		lo = hi
 	}
 	for i := range parts {
@@ -787,16 +787,40 @@ func idTag(r *rules.Rule) int64 { return tag46("rule", r.ID) }
 // period: every rule with the same title filter counts the same events, so
 // rules of one filter and period share a ring.
 func ringTag(r *rules.Rule, period time.Duration) int64 {
-	return tag46("ring", r.FilterKey(), strconv.FormatInt(period.Milliseconds(), 10))
+	var ms [20]byte
+	h := fnvPart(fnvPart(fnvOffset, "ring"), r.FilterKey())
+	return int64(fnvPart(h, strconv.AppendInt(ms[:0], period.Milliseconds(), 10)) >> 18)
 }
 
+// tag46 is the 64-bit FNV-1a hash of parts, each followed by a zero byte,
+// cut to 46 bits. It is hashed here rather than with hash/fnv, whose
+// Write takes a []byte: tags are worked out for every rule of every batch,
+// and this allocates nothing.
 func tag46(parts ...string) int64 {
-	h := fnv.New64a()
+	h := uint64(fnvOffset)
 	for _, p := range parts {
-		h.Write([]byte(p))
-		h.Write([]byte{0})
+		h = fnvPart(h, p)
 	}
-	return int64(h.Sum64() >> 18)
+	return int64(h >> 18)
+}
+
+// The 64-bit FNV-1a parameters.
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+// fnvAdd adds p to FNV-1a hash h.
+func fnvAdd[T ~string | ~[]byte](h uint64, p T) uint64 {
+	for i := 0; i < len(p); i++ {
+		h = (h ^ uint64(p[i])) * fnvPrime
+	}
+	return h
+}
+
+// fnvPart adds part and the zero byte after it to FNV-1a hash h.
+func fnvPart[T ~string | ~[]byte](h uint64, part T) uint64 {
+	return fnvAdd(h, part) * fnvPrime // h ^ 0 is h
 }
 
 // unixMilli is t in ms, with 0 (a state never written) as the zero time.

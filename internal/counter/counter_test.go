@@ -3,8 +3,10 @@ package counter
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -931,4 +933,43 @@ func dedupSlots(t *testing.T, rdb *redis.Client, e *Engine, ttl time.Duration) (
 		return r, before
 	}
 	return waitSlot, in
+}
+
+// The tags name state in Redis: worked out by hand, they are still 64-bit
+// FNV-1a of their parts, each followed by a zero byte, cut to 46 bits, as
+// hash/fnv gives them.
+func TestTagsAreFNV1a(t *testing.T) {
+	want := func(parts ...string) int64 {
+		h := fnv.New64a()
+		for _, p := range parts {
+			h.Write([]byte(p))
+			h.Write([]byte{0})
+		}
+		return int64(h.Sum64() >> 18)
+	}
+	for _, spec := range []rules.Spec{
+		{ID: "rule-1", IsEnabled: true, WhatToReceive: rules.SeenMore, Threshold: 10, ThresholdPeriod: 60_000},
+		{ID: "656f1c2a9b1e8a0012345678", IsEnabled: true, WhatToReceive: rules.SeenMore, Including: []string{"Database", "timeout"}, Excluding: []string{"staging"},
+			Windows: []rules.WindowSpec{{Threshold: 5, Period: 1000}, {Threshold: 100, Period: 86_400_000}}},
+		{ID: "ünïcode ✓", IsEnabled: true, WhatToReceive: rules.OnlyNew},
+	} {
+		r, _, err := rules.Compile("656f1c2a9b1e8a0087654321", spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, w := stateTag(r), want("state", r.ID, r.Version); got != w {
+			t.Errorf("%s: stateTag %d, want %d", r.ID, got, w)
+		}
+		if got, w := idTag(r), want("rule", r.ID); got != w {
+			t.Errorf("%s: idTag %d, want %d", r.ID, got, w)
+		}
+		for _, win := range r.Windows {
+			if got, w := ringTag(r, win.Period), want("ring", r.FilterKey(), strconv.FormatInt(win.Period.Milliseconds(), 10)); got != w {
+				t.Errorf("%s: ringTag(%v) %d, want %d", r.ID, win.Period, got, w)
+			}
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { tag46("state", "rule-1", "3") }); n != 0 {
+		t.Errorf("tag46 allocates %v times", n)
+	}
 }
