@@ -93,24 +93,26 @@ func TestRepeatMustBeExplainedByAKillInTheCrashWindow(t *testing.T) {
 		killOther string        // another process killed then, if not ""
 		gap       time.Duration
 		ok        bool
+		recorded  bool // the sender's log says it recorded the send
 	}{
-		{"killed 3 ms after the read, next copy at claim expiry", "w1#1", 3 * time.Millisecond, "", 4 * time.Second, true},
-		{"killed 1 ms before the read", "w1#1", -time.Millisecond, "", 4 * time.Second, true},
-		{"gone, a worker killed just before", gone, -2 * time.Millisecond, "w2#1", 4 * time.Second, true},
-		{"never killed", "w1#1", -1, "", 4 * time.Second, false},
-		{"killed 600 ms after the read: recorded long before", "w1#1", 600 * time.Millisecond, "", 4 * time.Second, false},
-		{"killed 900 ms before the read", "w1#1", -900 * time.Millisecond, "", 4 * time.Second, false},
-		{"killed 10 s later", "w1#1", 10 * time.Second, "", 4 * time.Second, false},
-		{"gone, but nobody was killed", gone, -1, "", 4 * time.Second, false},
-		{"gone, the only kill 800 ms earlier", gone, -800 * time.Millisecond, "w2#1", 4 * time.Second, false},
-		{"unknown sender", "", -1, "", 4 * time.Second, false},
-		{"killed at once, but the next copy came before the claim expired", "w1#1", 3 * time.Millisecond, "", 50 * time.Millisecond, false},
+		{"killed 3 ms after the read, next copy at claim expiry", "w1#1", 3 * time.Millisecond, "", 4 * time.Second, true, false},
+		{"killed 1 ms before the read", "w1#1", -time.Millisecond, "", 4 * time.Second, true, false},
+		{"gone, a worker killed just before", gone, -2 * time.Millisecond, "w2#1", 4 * time.Second, true, false},
+		{"never killed", "w1#1", -1, "", 4 * time.Second, false, false},
+		{"killed 600 ms after the read: recorded long before", "w1#1", 600 * time.Millisecond, "", 4 * time.Second, false, true},
+		{"killed 600 ms after the read, its log showing no record", "w1#1", 600 * time.Millisecond, "", 4 * time.Second, true, false},
+		{"killed 900 ms before the read", "w1#1", -900 * time.Millisecond, "", 4 * time.Second, false, false},
+		{"killed 10 s later", "w1#1", 10 * time.Second, "", 4 * time.Second, false, false},
+		{"gone, but nobody was killed", gone, -1, "", 4 * time.Second, false, false},
+		{"gone, the only kill 800 ms earlier", gone, -800 * time.Millisecond, "w2#1", 4 * time.Second, false, false},
+		{"unknown sender", "", -1, "", 4 * time.Second, false, false},
+		{"killed at once, but the next copy came before the claim expired", "w1#1", 3 * time.Millisecond, "", 50 * time.Millisecond, false, false},
 		// A Redis fault from 1 s before the read to 5 s after it: the
 		// sender could not record its send until then.
-		{"killed 2.6 s after the read, during a Redis fault", "w1#1", 2600 * time.Millisecond, "", 16 * time.Second, true},
-		{"gone, a worker killed 2.6 s after the read, during a Redis fault", gone, 2600 * time.Millisecond, "w2#1", 16 * time.Second, true},
-		{"killed 6 s after the read, after the Redis fault", "w1#1", 6 * time.Second, "", 16 * time.Second, false},
-		{"killed 2 s before the read, during the Redis fault", "w1#1", -2 * time.Second, "", 16 * time.Second, false},
+		{"killed 2.6 s after the read, during a Redis fault", "w1#1", 2600 * time.Millisecond, "", 16 * time.Second, true, false},
+		{"gone, a worker killed 2.6 s after the read, during a Redis fault", gone, 2600 * time.Millisecond, "w2#1", 16 * time.Second, true, false},
+		{"killed 6 s after the read, after the Redis fault", "w1#1", 6 * time.Second, "", 16 * time.Second, false, true},
+		{"killed 2 s before the read, during the Redis fault", "w1#1", -2 * time.Second, "", 16 * time.Second, false, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			kills := map[string]time.Time{"w1#1": {}, "w2#1": {}}
@@ -123,6 +125,18 @@ func TestRepeatMustBeExplainedByAKillInTheCrashWindow(t *testing.T) {
 			}
 			reqs := []request{sent(t, p, id, c.sender, t0), sent(t, p, id, "w3#1", t0.Add(c.gap))}
 			f := killed(kills)
+			if c.recorded {
+				path := filepath.Join(t.TempDir(), "w1-1.log")
+				line := `{"level":"INFO","msg":"notification sent","notification_id":"` + id + `","took_ms":3,"recorded":true}` + "\n"
+				if err := os.WriteFile(path, []byte(line), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				for _, w := range f.all {
+					if w.name == c.sender {
+						w.log = path
+					}
+				}
+			}
 			if strings.Contains(c.name, "Redis fault") {
 				f.faulted(t0.Add(-time.Second), t0.Add(5*time.Second))
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -295,6 +296,18 @@ func (f *fleet) faultEnd(t time.Time) time.Time {
 // to record the send of notification id: the deliverer's "record <keys> as
 // sent: …" error names each firing's key, "<prefix>:sent:<id>:<channel>".
 func (f *fleet) unrecorded(name, id string) bool {
+	for line := range f.logLines(name) {
+		if strings.Contains(line, `"err":"record `) && strings.Contains(line, ":sent:"+id+":") &&
+			strings.Contains(line, " as sent: ") {
+			return true
+		}
+	}
+	return false
+}
+
+// logLines are the lines of the named process' log, none when it cannot
+// be read.
+func (f *fleet) logLines(name string) iter.Seq[string] {
 	f.mu.Lock()
 	var path string
 	for _, w := range f.all {
@@ -303,16 +316,21 @@ func (f *fleet) unrecorded(name, id string) bool {
 		}
 	}
 	f.mu.Unlock()
-	if path == "" {
-		return false
-	}
 	b, err := os.ReadFile(path)
-	if err != nil {
-		return false
+	if path == "" || err != nil {
+		return func(func(string) bool) {}
 	}
-	for line := range strings.Lines(string(b)) {
-		if strings.Contains(line, `"err":"record `) && strings.Contains(line, ":sent:"+id+":") &&
-			strings.Contains(line, " as sent: ") {
+	return strings.Lines(string(b))
+}
+
+// recorded reports whether the named process logged that it sent message
+// id (the webhook's Idempotency-Key) and recorded it in Redis: the
+// deliverer's "notification sent" line, written once the record is made,
+// with recorded=true.
+func (f *fleet) recorded(name, id string) bool {
+	for line := range f.logLines(name) {
+		if strings.Contains(line, `"msg":"notification sent"`) && strings.Contains(line, `"notification_id":"`+id+`"`) &&
+			strings.Contains(line, `"recorded":true`) {
 			return true
 		}
 	}

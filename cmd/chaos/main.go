@@ -52,7 +52,7 @@ func main() {
 	flag.IntVar(&cfg.WaitReplicas, "wait-replicas", 0, "the workers' KLAXON_REDIS_WAIT_REPLICAS")
 	flag.IntVar(&cfg.BatchesInFlight, "batches-in-flight", 0, "the workers' KLAXON_BATCHES_IN_FLIGHT; 0 leaves their default")
 	flag.StringVar(&cfg.BatchLinger, "batch-linger", "", "the workers' KLAXON_BATCH_LINGER (0: none); empty leaves their default")
-	flag.StringVar(&cfg.LogLevel, "log-level", "warn", "the workers' KLAXON_LOG_LEVEL")
+	flag.StringVar(&cfg.LogLevel, "log-level", "info", "the workers' KLAXON_LOG_LEVEL (info or debug: the checker reads their \"notification sent\" lines)")
 	flag.StringVar(&cfg.Dir, "dir", "", "directory for the rules file and worker logs (default: a temporary one, removed after a clean run)")
 	flag.BoolVar(&cfg.Keep, "keep", false, "keep the worker logs after a clean run")
 	flag.BoolVar(&asJSON, "json", false, "print the result as JSON")

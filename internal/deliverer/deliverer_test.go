@@ -81,7 +81,10 @@ func startDelivererWith(t *testing.T, cfg Config, channels map[string]notify.Cha
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pub.Close() })
-	cfg.Redis, cfg.Publisher, cfg.Channels, cfg.Logger, cfg.Metrics = testenv.Redis(t), pub, channels, log, metrics.New(prometheus.NewRegistry())
+	if cfg.Logger == nil {
+		cfg.Logger = log
+	}
+	cfg.Redis, cfg.Publisher, cfg.Channels, cfg.Metrics = testenv.Redis(t), pub, channels, metrics.New(prometheus.NewRegistry())
 	d := New(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := d.Declare(ctx, pub); err != nil {
@@ -685,4 +688,67 @@ func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 		}
 		return next(ctx, cmds)
 	}
+}
+
+// "notification sent" is logged once the send is recorded in Redis, and
+// says so: cmd/chaos reads the line to tell a repeat caused by a crash
+// between send and record from a record that was lost.
+func TestSentIsLoggedOnceRecorded(t *testing.T) {
+	h := &sentLines{rdb: testenv.Redis(t)}
+	pub, d := startDeliverer(t, Config{Logger: slog.New(h)}, map[string]notify.Channel{"slack": &recorder{}})
+	h.mu.Lock()
+	h.key = d.claimKey(wire.FiringKey("n1", "slack"))
+	h.mu.Unlock()
+	m := job(t, "n1")
+	m.RoutingKey = d.Queue()
+	if err := pub.Publish(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for len(h.lines()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no \"notification sent\" line")
+		}
+		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
+	}
+	if got := h.lines(); len(got) != 1 || got[0] != "recorded=true, claim holds sent" {
+		t.Errorf("lines %q, want one saying recorded=true while the claim holds sent", got)
+	}
+}
+
+// sentLines notes, for each "notification sent" line, its recorded
+// attribute and what the claim key held when it was logged.
+type sentLines struct {
+	rdb redis.UniversalClient
+	mu  sync.Mutex
+	key string
+	got []string
+}
+
+func (h *sentLines) Enabled(context.Context, slog.Level) bool { return true }
+func (h *sentLines) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *sentLines) WithGroup(string) slog.Handler            { return h }
+
+func (h *sentLines) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message != "notification sent" {
+		return nil
+	}
+	recorded := "missing"
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "recorded" {
+			recorded = a.Value.String()
+		}
+		return true
+	})
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	state, _ := h.rdb.Get(ctx, h.key).Result()
+	h.got = append(h.got, fmt.Sprintf("recorded=%s, claim holds %s", recorded, state))
+	return nil
+}
+
+func (h *sentLines) lines() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), h.got...)
 }

@@ -221,8 +221,12 @@ func (d *Deliverer) settle(ctx context.Context, job *wire.Job, keys []string, ms
 		for _, n := range msg.Notifications {
 			d.metrics.DeliveryLatency.WithLabelValues(job.Channel).Observe(time.Since(n.FiredAt).Seconds())
 		}
-		log.Info("notification sent", "took_ms", o.took.Milliseconds())
-		if err := d.recordAll(ctx, keys, "sent"); err != nil {
+		err := d.recordAll(ctx, keys, "sent")
+		// Said once the record is made or refused: a process killed
+		// between the send and its record leaves no recorded=true line
+		// (cmd/chaos reads it to tell a crash's repeat from a lost record).
+		log.Info("notification sent", "took_ms", o.took.Milliseconds(), "recorded", err == nil)
+		if err != nil {
 			d.remember(keys, "sent")
 			return false, err
 		}
