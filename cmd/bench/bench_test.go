@@ -61,6 +61,12 @@ func TestBusySince(t *testing.T) {
 	if b := before.busySince(before); b != 0 {
 		t.Errorf("no time between: %v, want 0", b)
 	}
+	// Sums of float seconds: all busy may come out a hair over 1
+	// ((0.1+0.2-0.1)/(0.3-0.1) in float64).
+	tenth, fifth := 0.1, 0.2
+	if b := (hostTime{busy: tenth + fifth, total: 0.3}).busySince(hostTime{busy: tenth, total: tenth}); b != 1 {
+		t.Errorf("all busy: %v, want 1", b)
+	}
 	now, err := hostCPU()
 	if err != nil || now.total <= 0 || now.busy <= 0 || now.busy > now.total {
 		t.Errorf("this host's cpu: %+v, %v", now, err)

@@ -154,7 +154,8 @@ func (t hostTime) busySince(before hostTime) float64 {
 	if t.total <= before.total {
 		return 0
 	}
-	return (t.busy - before.busy) / (t.total - before.total)
+	// At most 1: with no idle time between, float rounding can pass it.
+	return min((t.busy-before.busy)/(t.total-before.total), 1)
 }
 
 // load is what a span of time cost the host: how busy its CPUs were
