@@ -555,13 +555,7 @@ func compare(res *Result, p *plan, reqs []request, f *fleet) {
 				rp.KilledAfter = after.Round(time.Microsecond).String()
 			}
 			switch waited := got[i+1].At.Sub(r.At) >= minRepeatGap; {
-			case waited && inCrashWindow(f, r):
-				res.RepeatsAfterKill++
-			case waited && killed && r.Sender() != gone && after >= -crashWindow &&
-				r.At.Add(after).Before(got[i+1].At) && !f.recorded(r.Sender(), r.Key):
-				// Killed later than the window allows (a worker starved
-				// of CPU records late) but before the next copy, and its
-				// own log shows it never recorded the send.
+			case waited && killedBeforeRecording(f, r, got[i+1].At):
 				res.RepeatsAfterKill++
 			case waited && f.unrecorded(r.Sender(), id):
 				res.RepeatsUnrecorded++
@@ -585,15 +579,14 @@ const (
 	// sendTimeout is the workers' KLAXON_SEND_TIMEOUT: a dead sender's
 	// claim expires twice that after it was taken, before the send.
 	sendTimeout = 2 * time.Second
-	// crashWindow bounds how far from the sink's reading a request its
-	// sender may have been SIGKILLed for the kill to explain a repeat.
-	// After the sink answers, the worker records the send with one Redis
-	// command; the kills seen so far fell between 12 ms before and 84 ms
-	// after the read on a saturated machine. It is kept under the mean kill
-	// interval, so that an unrelated kill seldom explains a repeat. A later
-	// kill explains one only when the sender's log shows it never recorded
-	// the send (fleet.recorded): race-built workers on a machine busy with
-	// other tests have recorded 340 ms after the read.
+	// crashWindow bounds how far from the sink's reading a request a
+	// worker may have been SIGKILLed for the kill to explain a repeat sent
+	// by a process gone before the sink could name it (or how long before
+	// the read a named sender's kill may come). After the sink answers,
+	// the worker records the send with one Redis command; the kills seen
+	// so far fell between 12 ms before and 84 ms after the read on a
+	// saturated machine. It is kept under the mean kill interval, so that
+	// an unrelated kill seldom explains a repeat.
 	crashWindow = 250 * time.Millisecond
 	// minRepeatGap is the least time between a copy read by the sink and
 	// the next: the dead sender's claim lasts 2×sendTimeout from before its
@@ -601,26 +594,29 @@ const (
 	minRepeatGap = sendTimeout - crashWindow
 )
 
-// inCrashWindow reports whether r's sender was SIGKILLed between the sink
-// reading r and the sender recording it: a named sender within
-// crashWindow of the read; a sender gone before the lookup when some
-// worker was killed between its connection (less crashWindow) and the read.
-// A send read during a Redis fault may stay unrecorded until the fault is
-// over (no write is acknowledged meanwhile: a failover, a WAIT for a
-// replica that is being resynced), so the window then lasts that long.
-func inCrashWindow(f *fleet, r request) bool {
-	var late time.Duration // how long after the read a kill still counts
-	if e := f.faultEnd(r.At); !e.IsZero() {
-		late = e.Sub(r.At) + crashWindow
-	}
+// killedBeforeRecording reports whether r's sender was SIGKILLed between
+// the sink reading r and the sender recording it, the next copy coming at
+// next. A named sender's own log says: it was killed after the read (or
+// just before, crashWindow) and before next, and it never logged the send
+// as recorded (fleet.recorded), however long the record took (a Redis
+// fault, a worker starved of CPU). A sender gone before the lookup has no
+// log to read: some worker must have been killed between its connection
+// (less crashWindow) and crashWindow after the read, or, for a send read
+// during a Redis fault (no write acknowledged meanwhile: a failover, a
+// WAIT for a replica being resynced), until the fault was over.
+func killedBeforeRecording(f *fleet, r request, next time.Time) bool {
 	switch sender := r.Sender(); sender {
 	case "":
 		return false
 	case gone:
+		late := crashWindow
+		if e := f.faultEnd(r.At); !e.IsZero() {
+			late = e.Sub(r.At) + crashWindow
+		}
 		return f.killedBetween(r.from.accepted.Add(-crashWindow), r.At.Add(late))
 	default:
 		t := f.killTime(sender)
-		return !t.IsZero() && t.Sub(r.At) >= -crashWindow && t.Sub(r.At) <= max(late, crashWindow)
+		return !t.IsZero() && !t.Before(r.At.Add(-crashWindow)) && t.Before(next) && !f.recorded(sender, r.Key)
 	}
 }
 

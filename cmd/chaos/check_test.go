@@ -81,8 +81,9 @@ func TestCleanRunIsOK(t *testing.T) {
 }
 
 // A repeat is allowed only when the previous copy's sender was SIGKILLed
-// between the sink reading it and recording it, and the next copy waited
-// for the dead sender's claim to expire.
+// between the sink reading it and recording it (a named sender's log must
+// not show the send recorded), and the next copy waited for the dead
+// sender's claim to expire.
 func TestRepeatMustBeExplainedByAKillInTheCrashWindow(t *testing.T) {
 	p := onePlan(1)
 	id := p.ids()[0]
@@ -99,6 +100,7 @@ func TestRepeatMustBeExplainedByAKillInTheCrashWindow(t *testing.T) {
 		{"killed 1 ms before the read", "w1#1", -time.Millisecond, "", 4 * time.Second, true, false},
 		{"gone, a worker killed just before", gone, -2 * time.Millisecond, "w2#1", 4 * time.Second, true, false},
 		{"never killed", "w1#1", -1, "", 4 * time.Second, false, false},
+		{"killed 3 ms after the read, its log showing the send recorded", "w1#1", 3 * time.Millisecond, "", 4 * time.Second, false, true},
 		{"killed 600 ms after the read: recorded long before", "w1#1", 600 * time.Millisecond, "", 4 * time.Second, false, true},
 		{"killed 600 ms after the read, its log showing no record", "w1#1", 600 * time.Millisecond, "", 4 * time.Second, true, false},
 		{"killed 900 ms before the read", "w1#1", -900 * time.Millisecond, "", 4 * time.Second, false, false},

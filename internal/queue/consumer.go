@@ -342,9 +342,10 @@ func (c *Consumer) session(ctx, hctx context.Context, handle Handler) (consumed 
 // consumeConcurrently is session's loop for Concurrency above 1: it collects
 // a batch whenever fewer than Concurrency are in flight and hands each to
 // one of Concurrency handler goroutines, which retries and settles that
-// batch alone, just as the one-at-a-time loop does. However the session ends, it returns only
-// once every handler has: on a graceful stop after they finished (StopGrace),
-// otherwise after kill closed the connection, which cancels their contexts.
+// batch alone, just as the one-at-a-time loop does. However the session
+// ends, it returns only once every handler has: on a graceful stop after
+// they finished (StopGrace), otherwise after kill closed the connection,
+// which cancels their contexts.
 func (c *Consumer) consumeConcurrently(ctx, bctx context.Context, s *session, handle Handler, kill func()) error {
 	slots := make(chan struct{}, c.cfg.Concurrency)
 	var wg sync.WaitGroup
