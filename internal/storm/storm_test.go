@@ -224,14 +224,15 @@ type dies struct {
 	pub   storm.Publisher
 	after bool
 	calls int
+	err   error // of the publish before dying
 }
 
 func (d *dies) Publish(ctx context.Context, msgs ...queue.Message) error {
 	d.calls++
 	if d.after {
-		if err := d.pub.Publish(ctx, msgs...); err != nil {
-			return err
-		}
+		// The worker dies once its jobs are out: a check that ran past its
+		// timeout on a slow machine must not leave them unpublished.
+		d.err = d.pub.Publish(context.WithoutCancel(ctx), msgs...)
 	}
 	return errors.New("killed")
 }
@@ -261,6 +262,9 @@ func TestWorkerKilledAfterPublishingRepeatsTheSameJobs(t *testing.T) {
 	}
 	for killed.calls == 0 {
 		_ = a.Sweep(context.Background())
+	}
+	if killed.err != nil {
+		t.Fatalf("publish before dying: %v", killed.err)
 	}
 	jobs := s.wait(s.tracker(s.pub, time.Minute))
 	// The jobs are published twice with the same keys: the deliverer
