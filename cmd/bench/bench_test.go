@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -22,6 +23,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/store"
 	"github.com/klaxonhq/klaxon/internal/testenv"
+	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
 // The broker is the matching process that started first, not the one
@@ -348,6 +350,14 @@ func TestParseFlags(t *testing.T) {
 	if o, err = parseFlags([]string{"-env", "KLAXON_QUEUE_TYPE=quorum"}, io.Discard); err != nil || o.queueType != queue.Quorum {
 		t.Errorf("-env KLAXON_QUEUE_TYPE=quorum: queue type %q, %v", o.queueType, err)
 	}
+	if o, err = parseFlags([]string{"-queue-mode", "lazy"}, io.Discard); err != nil || o.queueMode != "lazy" {
+		t.Errorf("-queue-mode lazy: %q, %v", o.queueMode, err)
+	}
+	for _, args := range [][]string{{"-queue-mode", "fast"}, {"-queue-mode", "lazy", "-env", "KLAXON_QUEUE_TYPE=quorum"}} {
+		if _, err := parseFlags(args, io.Discard); err == nil {
+			t.Errorf("%v accepted", args)
+		}
+	}
 	if o, err = parseFlags([]string{"-queues", "1,2,4"}, io.Discard); err != nil || !slices.Equal(o.queues, []int{1, 2, 4}) {
 		t.Errorf("-queues 1,2,4: %v, %v", o.queues, err)
 	}
@@ -506,4 +516,46 @@ func mustParseRedisURL(t *testing.T, url string) *redis.Options {
 		t.Fatal(err)
 	}
 	return o
+}
+
+// -queue-mode lazy makes the hashed queues lazy as the bench declares
+// them: declared again without the argument, the broker refuses them for
+// it, and with it, takes them.
+func TestLayoutMakesTheQueuesOfTheQueueMode(t *testing.T) {
+	url := testenv.AMQPURL(t)
+	br, err := dialBroker(url, queue.Classic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer br.Close()
+	name := testenv.QueueName(t)
+	b := &bench{o: options{queueMode: "lazy"}, br: br, queue: name}
+	testenv.DeleteQueuesAtCleanup(t, wire.HashedQueue(name, 0), wire.HashedQueue(name, 1))
+	t.Cleanup(func() { _ = br.deleteExchanges(wire.HashExchange(name)) })
+	if err := b.layout(context.Background(), 2); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	redeclare := func(q string, args amqp.Table) error {
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ch.Close()
+		_, err = ch.QueueDeclare(q, true, false, false, false, args)
+		return err
+	}
+	for _, q := range b.incoming {
+		var aerr *amqp.Error
+		if err := redeclare(q, nil); !errors.As(err, &aerr) || aerr.Code != amqp.PreconditionFailed || !strings.Contains(aerr.Reason, "x-queue-mode") {
+			t.Errorf("%s declared again without x-queue-mode: %v, want PRECONDITION_FAILED naming it", q, err)
+		}
+		if err := redeclare(q, amqp.Table{"x-queue-mode": "lazy"}); err != nil {
+			t.Errorf("%s declared again lazy: %v", q, err)
+		}
+	}
 }

@@ -100,7 +100,7 @@ func (b *broker) fill(ctx context.Context, n, window int, msg func(i int) queue.
 
 // hashed declares the consistent-hash exchange and the queues bound to it
 // with weight 1, as the workers would (KLAXON_QUEUE_SHARDS).
-func (b *broker) hashed(ctx context.Context, exchange string, queues []string) error {
+func (b *broker) hashed(ctx context.Context, exchange string, queues []string, args amqp.Table) error {
 	if err := b.DeclareHashExchange(ctx, exchange); err != nil {
 		return err
 	}
@@ -110,7 +110,7 @@ func (b *broker) hashed(ctx context.Context, exchange string, queues []string) e
 	}
 	defer ch.Close()
 	for _, q := range queues {
-		if err := b.Declare(ctx, q, nil); err != nil {
+		if err := b.Declare(ctx, q, args); err != nil {
 			return err
 		}
 		if err := ch.QueueBind(q, "1", exchange, false, nil); err != nil {

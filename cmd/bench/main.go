@@ -92,7 +92,10 @@ type options struct {
 	workerEnv                       map[string]string
 	// queueType is the workers' KLAXON_QUEUE_TYPE: the bench makes the
 	// events queue, so it makes it of the type the workers would.
-	queueType    queue.Type
+	queueType queue.Type
+	// queueMode is the incoming queues' x-queue-mode ("" or "lazy"):
+	// what a policy gives them on RabbitMQ before 3.12 (docs/scaling.md).
+	queueMode    string
 	latency      time.Duration
 	latencyRate  float64 // events/s of the latency phase; 0: half the measured rate
 	probeRate    float64
@@ -138,6 +141,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.redisURL, "redis", o.redisURL, "Redis URL (single node)")
 	fs.StringVar(&o.workerBin, "worker", "", "worker binary; built from ./cmd/worker when empty")
 	fs.StringVar(&o.beforeBin, "before", "", "another worker binary (say, built from the last commit) to measure side by side, with the first -workers count")
+	fs.StringVar(&o.queueMode, "queue-mode", "", "lazy: make the incoming queues lazy (x-queue-mode), as docs/scaling.md's policy does on RabbitMQ before 3.12, which keeps a classic queue's backlog in memory; from 3.12 the broker ignores it")
 	env := fs.String("env", "", "extra worker environment, comma-separated KLAXON_…=value or GO…=value (e.g. KLAXON_BATCH_SIZE=512,GOGC=200)")
 	fs.DurationVar(&o.latency, "latency", o.latency, "how long to publish at half the measured rate for latency; 0 skips")
 	fs.Float64Var(&o.probeRate, "probes", o.probeRate, "latency probes per second, at most")
@@ -221,6 +225,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("-probes must be positive")
 	case o.newFraction < 0 || o.newFraction > 1:
 		return o, errors.New("-new must be from 0 to 1")
+	case o.queueMode != "" && o.queueMode != "lazy":
+		return o, fmt.Errorf("-queue-mode %q: want lazy, or nothing for the broker's default", o.queueMode)
+	case o.queueMode != "" && o.queueType != queue.Classic:
+		return o, fmt.Errorf("-queue-mode %s: only classic queues have a mode, and KLAXON_QUEUE_TYPE is %s", o.queueMode, o.queueType)
 	}
 	return o, nil
 }
@@ -352,7 +360,8 @@ func run(ctx context.Context, o options, stderr io.Writer) (rep *Report, err err
 	rep = &Report{
 		Started: time.Now().UTC(),
 		Settings: Settings{Events: o.events, Projects: o.projects, Rules: o.rules, Groups: o.groups,
-			Threshold: o.threshold, NewGroups: o.newFraction, Seed: o.seed, Workers: o.workers, Queues: o.queues, Latency: o.latency.String(), Prefix: b.prefix},
+			Threshold: o.threshold, NewGroups: o.newFraction, Seed: o.seed, Workers: o.workers, Queues: o.queues, Latency: o.latency.String(), Prefix: b.prefix,
+			QueueMode: o.queueMode},
 		Host: Host{Cores: runtime.NumCPU(), LoadStart: loadAverage(), Go: runtime.Version()},
 	}
 
@@ -397,7 +406,7 @@ func run(ctx context.Context, o options, stderr io.Writer) (rep *Report, err err
 
 	b.queues = append(b.queues, b.queue, b.queue+".dead", b.prefix+".hawk-out")
 	defer b.cleanup()
-	if err := b.br.Declare(ctx, b.queue, nil); err != nil {
+	if err := b.br.Declare(ctx, b.queue, b.incomingArgs()); err != nil {
 		return nil, err
 	}
 
@@ -604,10 +613,19 @@ func (b *bench) layout(ctx context.Context, nq int) error {
 	if !slices.Contains(b.exchanges, b.exchange) {
 		b.exchanges = append(b.exchanges, b.exchange)
 	}
-	if err := b.br.hashed(ctx, b.exchange, b.incoming); err != nil {
+	if err := b.br.hashed(ctx, b.exchange, b.incoming, b.incomingArgs()); err != nil {
 		return fmt.Errorf("-queues %d: %w", nq, err)
 	}
 	return nil
+}
+
+// incomingArgs are the arguments of the incoming queues the bench makes;
+// the workers use them as they are.
+func (b *bench) incomingArgs() amqp.Table {
+	if b.o.queueMode == "" {
+		return nil
+	}
+	return amqp.Table{"x-queue-mode": b.o.queueMode}
 }
 
 // message is event body routed as the layout wants: to the plain queue, or

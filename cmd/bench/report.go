@@ -42,6 +42,7 @@ type Settings struct {
 	Queues    []int   `json:"queues"`
 	Latency   string  `json:"latencyDuration"`
 	Prefix    string  `json:"prefix"`
+	QueueMode string  `json:"queueMode,omitempty"` // -queue-mode
 }
 
 // Host describes the machine and services.
@@ -211,7 +212,11 @@ func writeTable(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "%s events, %s projects × %d rules, %s groups (%.0f%% new), threshold %d, seed %d; %d cores; load average %.2f at start, %.2f at end\n",
 		thousands(float64(s.Events)), thousands(float64(s.Projects)), s.Rules, thousands(float64(s.Groups)), s.NewGroups*100,
 		s.Threshold, s.Seed, h.Cores, h.LoadStart[0], h.LoadEnd[0])
-	fmt.Fprintf(w, "Redis %s, RabbitMQ %s, %s\n\n", h.Redis, h.RabbitMQ, h.Go)
+	mode := ""
+	if s.QueueMode != "" {
+		mode = ", incoming queues " + s.QueueMode
+	}
+	fmt.Fprintf(w, "Redis %s, RabbitMQ %s%s, %s\n\n", h.Redis, h.RabbitMQ, mode, h.Go)
 
 	header := []string{"system", "events/s", "of ceiling", "Redis trips/ev", "Redis cmds/ev", "scripts/ev",
 		"CPU µs/ev worker", "Redis", "broker", "worker RSS", "latency p50 / p95 / p99 (ms)"}
