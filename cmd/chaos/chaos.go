@@ -102,7 +102,15 @@ type Result struct {
 	// Bad counts requests whose body is not the notification its
 	// Idempotency-Key names (project, rule, group, firedAt), or that were
 	// not a POST to the webhook's path.
-	Bad             int      `json:"bad"`
+	Bad int `json:"bad"`
+	// LogChecked counts the requests whose sender was never SIGKILLed, and
+	// Unlogged those of them whose sender's log says neither that it
+	// recorded the send nor that Redis refused the record. The checker
+	// explains repeats by those lines (fleet.recorded, fleet.unrecorded):
+	// Unlogged above zero means it cannot read them, and would take every
+	// repeat with a kill nearby for a crash's.
+	LogChecked      int      `json:"logChecked"`
+	Unlogged        int      `json:"unlogged"`
 	UnknownSender   int      `json:"unknownSender"` // requests not traced to a worker process
 	Failed          int      `json:"failed"`        // messages left in <prefix>.failed
 	Dead            int      `json:"dead"`          // messages left in <queue>.dead
@@ -486,8 +494,14 @@ func waitQuiet(ctx context.Context, b *broker, s *sink, queues []string, quiet t
 func compare(res *Result, p *plan, reqs []request, f *fleet) {
 	res.Received = len(reqs)
 	for _, r := range reqs {
-		if r.Sender() == "" {
+		switch sender := r.Sender(); {
+		case sender == "":
 			res.UnknownSender++
+		case sender != gone && f.killTime(sender).IsZero():
+			res.LogChecked++
+			if !f.recorded(sender, r.Key) && !f.unrecorded(sender, r.Key) {
+				res.Unlogged++
+			}
 		}
 	}
 	byID := map[string][]request{}

@@ -76,6 +76,12 @@ func TestExactlyOneNotificationUnderCrashes(t *testing.T) {
 	if res.Repeats != res.RepeatsAfterKill {
 		t.Errorf("%d of %d repeats not explained by a SIGKILL in the crash window: %+v", res.Repeats-res.RepeatsAfterKill, res.Repeats, res.Repeated)
 	}
+	// The repeats are explained by the workers' log lines: the checker
+	// must find them for what live workers sent, in the log format the
+	// worker writes today.
+	if res.LogChecked == 0 || res.Unlogged != 0 {
+		t.Errorf("%d of %d sends by workers never killed have no \"notification sent\" line the checker can read", res.Unlogged, res.LogChecked)
+	}
 	if !res.OK() && !t.Failed() {
 		t.Errorf("the run is not OK: %+v", res)
 	}

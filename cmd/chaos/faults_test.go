@@ -87,6 +87,9 @@ func runFaults(t *testing.T, cfg Config) *Result {
 	if res.Unsettled != "" || len(res.UnexpectedExits) > 0 || res.Bad != 0 {
 		t.Errorf("unsettled %q, unexpected exits %v, %d bad bodies", res.Unsettled, res.UnexpectedExits, res.Bad)
 	}
+	if res.LogChecked == 0 || res.Unlogged != 0 {
+		t.Errorf("%d of %d sends by workers never killed have no line the checker can read", res.Unlogged, res.LogChecked)
+	}
 	if !res.OK() && !cfg.Keep {
 		dumpLogs(t, cfg.Dir)
 	}

@@ -100,6 +100,8 @@ func printTable(w io.Writer, r *Result) {
 	if r.RepeatsUnrecorded > 0 {
 		fmt.Fprintf(w, "repeats whose previous copy's sender logged that Redis refused its record: %d\n", r.RepeatsUnrecorded)
 	}
+	fmt.Fprintf(w, "sends by workers never killed: %d, of which %d without their \"notification sent\" line in the sender's log\n",
+		r.LogChecked, r.Unlogged)
 	for _, rp := range r.Repeated {
 		var from string
 		switch {
