@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -353,7 +354,13 @@ func TestParseFlags(t *testing.T) {
 	if o, err = parseFlags([]string{"-queue-mode", "lazy"}, io.Discard); err != nil || o.queueMode != "lazy" {
 		t.Errorf("-queue-mode lazy: %q, %v", o.queueMode, err)
 	}
-	for _, args := range [][]string{{"-queue-mode", "fast"}, {"-queue-mode", "lazy", "-env", "KLAXON_QUEUE_TYPE=quorum"}} {
+	if o.latencyPublish != "persistent" {
+		t.Errorf("latency published %q by default, want persistent", o.latencyPublish)
+	}
+	if o, err = parseFlags([]string{"-latency-publish", "hawk"}, io.Discard); err != nil || o.latencyPublish != "hawk" {
+		t.Errorf("-latency-publish hawk: %q, %v", o.latencyPublish, err)
+	}
+	for _, args := range [][]string{{"-queue-mode", "fast"}, {"-queue-mode", "lazy", "-env", "KLAXON_QUEUE_TYPE=quorum"}, {"-latency-publish", "transient"}} {
 		if _, err := parseFlags(args, io.Discard); err == nil {
 			t.Errorf("%v accepted", args)
 		}
@@ -556,6 +563,60 @@ func TestLayoutMakesTheQueuesOfTheQueueMode(t *testing.T) {
 		}
 		if err := redeclare(q, amqp.Table{"x-queue-mode": "lazy"}); err != nil {
 			t.Errorf("%s declared again lazy: %v", q, err)
+		}
+	}
+}
+
+// The paced publisher sends persistent messages under confirms, or, with
+// -latency-publish hawk, transient ones as Hawk's workers do; every one of
+// them reaches the queue either way.
+func TestPacerPublishesAsAsked(t *testing.T) {
+	url := testenv.AMQPURL(t)
+	br, err := dialBroker(url, queue.Classic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer br.Close()
+	ctx := context.Background()
+	for _, c := range []struct {
+		transient bool
+		want      uint8
+	}{{false, amqp.Persistent}, {true, amqp.Transient}} {
+		name := testenv.QueueName(t) + strconv.FormatBool(c.transient)
+		testenv.DeleteQueuesAtCleanup(t, name)
+		if err := br.Declare(ctx, name, nil); err != nil {
+			t.Fatal(err)
+		}
+		var sent atomic.Int64
+		p := pacer{rate: 2000, total: 20, transient: c.transient}
+		if err := p.run(ctx, br, func(i int) queue.Message {
+			return queue.Message{RoutingKey: name, Body: []byte(strconv.Itoa(i))}
+		}, &sent); err != nil {
+			t.Fatal(err)
+		}
+		ch, err := br.conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for got := 0; got < p.total; {
+			d, ok, err := ch.Get(name, true)
+			switch {
+			case err != nil:
+				t.Fatal(err)
+			case !ok && time.Now().After(deadline):
+				t.Fatalf("transient %t: %d of %d messages in the queue", c.transient, got, p.total)
+			case !ok:
+				time.Sleep(10 * time.Millisecond) // a poll's pace: the queue is read until full or the deadline
+			case d.DeliveryMode != c.want:
+				t.Fatalf("transient %t: delivery mode %d, want %d", c.transient, d.DeliveryMode, c.want)
+			default:
+				got++
+			}
+		}
+		_ = ch.Close()
+		if sent.Load() != int64(p.total) {
+			t.Errorf("transient %t: %d counted as sent, want %d", c.transient, sent.Load(), p.total)
 		}
 	}
 }

@@ -204,9 +204,12 @@ func consumeOn(ctx context.Context, conn *amqp.Connection, name string, n, prefe
 
 // pacer publishes at a fixed rate without waiting for each confirm, so
 // that confirms do not slow the pace; every confirm is checked at the end.
+// A transient pacer publishes as Hawk's workers do (Worker.addTask:
+// sendToQueue on a plain channel): transient messages, no confirms.
 type pacer struct {
-	rate  float64 // messages per second
-	total int
+	rate      float64 // messages per second
+	total     int
+	transient bool
 }
 
 // run publishes total messages made by msg(i), called at the moment message
@@ -217,10 +220,15 @@ func (p pacer) run(ctx context.Context, b *broker, msg func(i int) queue.Message
 		return fmt.Errorf("open channel: %w", err)
 	}
 	defer ch.Close()
-	if err := ch.Confirm(false); err != nil {
-		return fmt.Errorf("confirm mode: %w", err)
+	mode, confirms := amqp.Persistent, (chan amqp.Confirmation)(nil)
+	if p.transient {
+		mode = amqp.Transient
+	} else {
+		if err := ch.Confirm(false); err != nil {
+			return fmt.Errorf("confirm mode: %w", err)
+		}
+		confirms = ch.NotifyPublish(make(chan amqp.Confirmation, p.total+1))
 	}
-	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, p.total+1))
 	start := time.Now()
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
@@ -229,7 +237,7 @@ func (p pacer) run(ctx context.Context, b *broker, msg func(i int) queue.Message
 		for ; i < due; i++ {
 			m := msg(i)
 			err := ch.PublishWithContext(ctx, m.Exchange, m.RoutingKey, false, false, amqp.Publishing{
-				ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: m.Body, MessageId: m.MessageID,
+				ContentType: "application/json", DeliveryMode: mode, Body: m.Body, MessageId: m.MessageID,
 			})
 			if err != nil {
 				return fmt.Errorf("publish: %w", err)
@@ -243,6 +251,14 @@ func (p pacer) run(ctx context.Context, b *broker, msg func(i int) queue.Message
 				return ctx.Err()
 			}
 		}
+	}
+	if p.transient {
+		// No confirms to wait for: a channel the broker closed (an
+		// unroutable mandatory message, a missing exchange) says it.
+		if ch.IsClosed() {
+			return errors.New("the broker closed the paced channel")
+		}
+		return nil
 	}
 	for range p.total {
 		select {

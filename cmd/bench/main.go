@@ -95,17 +95,21 @@ type options struct {
 	queueType queue.Type
 	// queueMode is the incoming queues' x-queue-mode ("" or "lazy"):
 	// what a policy gives them on RabbitMQ before 3.12 (docs/scaling.md).
-	queueMode    string
-	latency      time.Duration
-	latencyRate  float64 // events/s of the latency phase; 0: half the measured rate
-	probeRate    float64
-	scale        bool
-	json         bool
-	jsonFile     string
-	progress     string
-	pprofFile    string
-	pprofSeconds int
-	memory       bool // measure Redis memory after the first Klaxon run
+	queueMode   string
+	latency     time.Duration
+	latencyRate float64 // events/s of the latency phase; 0: half the measured rate
+	// latencyPublish is how the latency phase publishes: "persistent"
+	// (persistent messages on a channel in confirm mode) or "hawk"
+	// (transient messages, no confirms: Hawk's Worker.addTask).
+	latencyPublish string
+	probeRate      float64
+	scale          bool
+	json           bool
+	jsonFile       string
+	progress       string
+	pprofFile      string
+	pprofSeconds   int
+	memory         bool // measure Redis memory after the first Klaxon run
 	// bigMessages, above 0, asks for the big-messages mode instead of the
 	// throughput run: that many messages of bigMiB MiB, given up on after
 	// bigTimeout (see runBigMessages).
@@ -118,7 +122,7 @@ func defaultOptions() options {
 		events: 100_000, projects: 100, rules: 4, groups: 1000, threshold: 100, newFraction: 1, seed: 1,
 		workers: []int{1, 2, 3}, queues: []int{1}, systems: []string{"ceiling", "hawk", "klaxon"},
 		amqpURL: "amqp://guest:guest@127.0.0.1:5672/", redisURL: "redis://127.0.0.1:6379/0",
-		latency: 5 * time.Second, probeRate: 200, progress: "auto", pprofSeconds: 5, memory: true,
+		latency: 5 * time.Second, latencyPublish: "persistent", probeRate: 200, progress: "auto", pprofSeconds: 5, memory: true,
 		bigMiB: 10, bigTimeout: 5 * time.Minute,
 	}
 }
@@ -146,6 +150,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.latency, "latency", o.latency, "how long to publish at half the measured rate for latency; 0 skips")
 	fs.Float64Var(&o.probeRate, "probes", o.probeRate, "latency probes per second, at most")
 	fs.Float64Var(&o.latencyRate, "latency-rate", 0, "events/s to publish for the latency measurement; 0 means half the rate just measured")
+	fs.StringVar(&o.latencyPublish, "latency-publish", o.latencyPublish, "how the latency phase publishes: persistent (persistent messages, every one confirmed) or hawk (transient messages without confirms, as Hawk's workers send the notifier's)")
 	fs.BoolVar(&o.scale, "scale", false, "scale run: 1,000 projects × 10 rules, 100,000 groups, 300,000 events, ceiling and Klaxon ×1 (flags given explicitly win)")
 	fs.BoolVar(&o.json, "json", false, "print the results as JSON instead of a table")
 	fs.StringVar(&o.jsonFile, "json-file", "", "also write the results as JSON to this file")
@@ -225,6 +230,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("-probes must be positive")
 	case o.newFraction < 0 || o.newFraction > 1:
 		return o, errors.New("-new must be from 0 to 1")
+	case o.latencyPublish != "persistent" && o.latencyPublish != "hawk":
+		return o, fmt.Errorf("-latency-publish %q: want persistent or hawk", o.latencyPublish)
 	case o.queueMode != "" && o.queueMode != "lazy":
 		return o, fmt.Errorf("-queue-mode %q: want lazy, or nothing for the broker's default", o.queueMode)
 	case o.queueMode != "" && o.queueType != queue.Classic:
@@ -361,7 +368,7 @@ func run(ctx context.Context, o options, stderr io.Writer) (rep *Report, err err
 		Started: time.Now().UTC(),
 		Settings: Settings{Events: o.events, Projects: o.projects, Rules: o.rules, Groups: o.groups,
 			Threshold: o.threshold, NewGroups: o.newFraction, Seed: o.seed, Workers: o.workers, Queues: o.queues, Latency: o.latency.String(), Prefix: b.prefix,
-			QueueMode: o.queueMode},
+			QueueMode: o.queueMode, LatencyPublish: o.latencyPublish},
 		Host: Host{Cores: runtime.NumCPU(), LoadStart: loadAverage(), Go: runtime.Version()},
 	}
 
@@ -839,7 +846,7 @@ func (b *bench) floorLatency(ctx context.Context, conns []*amqp.Connection, rate
 		}()
 	}
 	phase := b.prog.phase(fmt.Sprintf("floor latency at %s/s", thousands(rate)), int64(total))
-	p := pacer{rate: rate, total: total}
+	p := pacer{rate: rate, total: total, transient: b.o.latencyPublish == "hawk"}
 	span, err := loadWhile(b.hostProcs(), func() error {
 		return p.run(ctx, b.br, func(i int) queue.Message {
 			sent[i].Store(time.Now().UnixNano())
@@ -1150,7 +1157,7 @@ func (b *bench) measureLatency(ctx context.Context, kprefix string, round int, r
 	l := &Latency{Rate: rate, Events: total, Probes: probes}
 	b.sink.expect(kprefix, probes)
 	sent := b.prog.phase(fmt.Sprintf("latency at %s/s", thousands(rate)), int64(total))
-	p := pacer{rate: rate, total: total}
+	p := pacer{rate: rate, total: total, transient: b.o.latencyPublish == "hawk"}
 	procs := b.hostProcs()
 	procs["worker"] = workers
 	span, err := loadWhile(procs, func() error {

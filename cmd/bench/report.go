@@ -43,6 +43,8 @@ type Settings struct {
 	Latency   string  `json:"latencyDuration"`
 	Prefix    string  `json:"prefix"`
 	QueueMode string  `json:"queueMode,omitempty"` // -queue-mode
+	// LatencyPublish is how the latency phase published (-latency-publish).
+	LatencyPublish string `json:"latencyPublish"`
 }
 
 // Host describes the machine and services.
@@ -215,6 +217,9 @@ func writeTable(w io.Writer, rep *Report) {
 	mode := ""
 	if s.QueueMode != "" {
 		mode = ", incoming queues " + s.QueueMode
+	}
+	if s.LatencyPublish == "hawk" {
+		mode += ", latency events transient and unconfirmed (as Hawk publishes)"
 	}
 	fmt.Fprintf(w, "Redis %s, RabbitMQ %s%s, %s\n\n", h.Redis, h.RabbitMQ, mode, h.Go)
 
