@@ -104,11 +104,11 @@ type Result struct {
 	// not a POST to the webhook's path.
 	Bad int `json:"bad"`
 	// LogChecked counts the requests whose sender was never SIGKILLed, and
-	// Unlogged those of them whose sender's log says neither that it
-	// recorded the send nor that Redis refused the record. The checker
-	// explains repeats by those lines (fleet.recorded, fleet.unrecorded):
-	// Unlogged above zero means it cannot read them, and would take every
-	// repeat with a kill nearby for a crash's.
+	// Unlogged those of them whose sender logged no "notification sent"
+	// line saying whether it recorded the send. The checker explains
+	// repeats by those lines (fleet.recorded, fleet.unrecorded): Unlogged
+	// above zero means it cannot read them, and would take every repeat
+	// with a kill nearby for a crash's.
 	LogChecked      int      `json:"logChecked"`
 	Unlogged        int      `json:"unlogged"`
 	UnknownSender   int      `json:"unknownSender"` // requests not traced to a worker process
@@ -122,13 +122,14 @@ type Result struct {
 	Chaos   time.Duration `json:"-"` // until the incoming queue was empty and kills stopped
 	Settle  time.Duration `json:"-"` // from then until counted
 
-	Dropped  []string `json:"droppedSample,omitempty"`
-	Missing  []string `json:"missedSample,omitempty"`
-	Extras   []string `json:"extraSample,omitempty"`
-	Repeated []repeat `json:"repeated,omitempty"`
-	Queue    string   `json:"queue"`
-	Prefix   string   `json:"prefix"`
-	LogDir   string   `json:"logDir,omitempty"` // kept after a failed run
+	Dropped        []string `json:"droppedSample,omitempty"`
+	Missing        []string `json:"missedSample,omitempty"`
+	UnloggedSample []string `json:"unloggedSample,omitempty"` // "<id> from <sender>"
+	Extras         []string `json:"extraSample,omitempty"`
+	Repeated       []repeat `json:"repeated,omitempty"`
+	Queue          string   `json:"queue"`
+	Prefix         string   `json:"prefix"`
+	LogDir         string   `json:"logDir,omitempty"` // kept after a failed run
 }
 
 // repeat describes one expected id received more than once.
@@ -499,8 +500,9 @@ func compare(res *Result, p *plan, reqs []request, f *fleet) {
 			res.UnknownSender++
 		case sender != gone && f.killTime(sender).IsZero():
 			res.LogChecked++
-			if !f.recorded(sender, r.Key) && !f.unrecorded(sender, r.Key) {
+			if logged, _ := f.sentLine(sender, r.Key); !logged {
 				res.Unlogged++
+				res.UnloggedSample = appendSample(res.UnloggedSample, r.Key+" from "+sender)
 			}
 		}
 	}
@@ -571,7 +573,7 @@ func compare(res *Result, p *plan, reqs []request, f *fleet) {
 			switch waited := got[i+1].At.Sub(r.At) >= minRepeatGap; {
 			case waited && killedBeforeRecording(f, r, got[i+1].At):
 				res.RepeatsAfterKill++
-			case waited && f.unrecorded(r.Sender(), id):
+			case waited && f.unrecorded(r.Sender(), id, r.Key):
 				res.RepeatsUnrecorded++
 			}
 		}

@@ -300,6 +300,11 @@ func TestRepeatExplainedByARefusedRecord(t *testing.T) {
 	}{
 		{"record refused, next copy after the claim lapsed", refused, 16 * time.Second, true},
 		{"record refused, next copy too soon", refused, 50 * time.Millisecond, false},
+		// The deliverer's own line, at info whatever the consumer logs of
+		// the batch it holds.
+		{"sent, not recorded, next copy after the claim lapsed",
+			`{"level":"INFO","msg":"notification sent","notification_id":"` + id + `","took_ms":3,"recorded":false}` + "\n", 16 * time.Second, true},
+		{"sent and recorded", `{"level":"INFO","msg":"notification sent","notification_id":"` + id + `","took_ms":3,"recorded":true}` + "\n", 16 * time.Second, false},
 		{"nothing refused", `{"msg":"notification sent","notification_id":"` + id + `"}` + "\n", 16 * time.Second, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {

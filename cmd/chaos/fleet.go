@@ -293,11 +293,17 @@ func (f *fleet) faultEnd(t time.Time) time.Time {
 }
 
 // unrecorded reports whether the named process logged that Redis refused
-// to record the send of notification id: the deliverer's "record <keys> as
-// sent: …" error names each firing's key, "<prefix>:sent:<id>:<channel>".
-func (f *fleet) unrecorded(name, id string) bool {
+// to record its send of firing firingID, in message messageID: its
+// "notification sent" line for the message says recorded=false, or the
+// deliverer's "record <keys> as sent: …" error names the firing's key,
+// "<prefix>:sent:<id>:<channel>" (logged at warn for the first batch a
+// consumer holds only, the others at debug).
+func (f *fleet) unrecorded(name, firingID, messageID string) bool {
+	if logged, recorded := f.sentLine(name, messageID); logged && !recorded {
+		return true
+	}
 	for line := range f.logLines(name) {
-		if strings.Contains(line, `"err":"record `) && strings.Contains(line, ":sent:"+id+":") &&
+		if strings.Contains(line, `"err":"record `) && strings.Contains(line, ":sent:"+firingID+":") &&
 			strings.Contains(line, " as sent: ") {
 			return true
 		}
@@ -324,17 +330,29 @@ func (f *fleet) logLines(name string) iter.Seq[string] {
 }
 
 // recorded reports whether the named process logged that it sent message
-// id (the webhook's Idempotency-Key) and recorded it in Redis: the
-// deliverer's "notification sent" line, written once the record is made,
-// with recorded=true.
+// id (the webhook's Idempotency-Key) and recorded it in Redis.
 func (f *fleet) recorded(name, id string) bool {
+	_, recorded := f.sentLine(name, id)
+	return recorded
+}
+
+// sentLine looks in the named process' log for the deliverer's
+// "notification sent" line of message id, written once the record is made
+// or refused: logged reports one with its recorded attribute, recorded
+// that it says true.
+func (f *fleet) sentLine(name, id string) (logged, recorded bool) {
 	for line := range f.logLines(name) {
-		if strings.Contains(line, `"msg":"notification sent"`) && strings.Contains(line, `"notification_id":"`+id+`"`) &&
-			strings.Contains(line, `"recorded":true`) {
-			return true
+		if !strings.Contains(line, `"msg":"notification sent"`) || !strings.Contains(line, `"notification_id":"`+id+`"`) {
+			continue
+		}
+		switch {
+		case strings.Contains(line, `"recorded":true`):
+			return true, true
+		case strings.Contains(line, `"recorded":false`):
+			logged = true
 		}
 	}
-	return false
+	return logged, false
 }
 
 // killedBetween reports whether any process was SIGKILLed within [from, to].

@@ -102,6 +102,9 @@ func printTable(w io.Writer, r *Result) {
 	}
 	fmt.Fprintf(w, "sends by workers never killed: %d, of which %d without their \"notification sent\" line in the sender's log\n",
 		r.LogChecked, r.Unlogged)
+	if len(r.UnloggedSample) > 0 {
+		fmt.Fprintln(w, "unlogged (sample):", strings.Join(r.UnloggedSample, "; "))
+	}
 	for _, rp := range r.Repeated {
 		var from string
 		switch {
