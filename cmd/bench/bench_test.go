@@ -182,7 +182,7 @@ func TestWriteTable(t *testing.T) {
 			{System: "klaxon", Workers: 2, Events: 1000, EventsPerSec: 16500, CeilingRatio: 0.83, WorkerRSS: 32 << 20,
 				PerEvent: PerEvent{RoundTrips: 0.02, Commands: 4.25, Scripts: 0.44, WorkerCPU: 20, RedisCPU: 30, BrokerCPU: 25},
 				Redis:    redisDelta{Calls: map[string]int64{"evalsha": 440, "get": 1200}, Scripts: 440, ScriptMicros: 44000, ScriptCommandMicros: 4000},
-				Latency: &Latency{Rate: 8250, Probes: 10, Received: 9, P50: 12.5, P95: 30, P99: 41.25, FiredP50: 4, FiredP99: 19, HostBusy: 0.914, WorkerCPU: 118.4,
+				Latency: &Latency{Rate: 8250, Probes: 10, Received: 9, P50: 12.5, P95: 30, P99: 41.25, FiredP50: 4, FiredP99: 19, HostBusy: 0.914, WorkerCPU: 118.4, Deferred: 3,
 					Cores: map[string]float64{"broker": 1.024, "bench": 0.37, "worker": 0.535, "redis": 0.161}}},
 			{System: "ceiling", Queues: 4, EventsPerSec: 40000, CeilingRatio: 1},
 		},
@@ -195,7 +195,7 @@ func TestWriteTable(t *testing.T) {
 	for _, want := range []string{
 		"1,000 events, 2 projects × 4 rules, 10 groups (0% new)", "load average 0.50 at start, 0.75 at end",
 		"| bare consumer (ack only) ", "| Klaxon, 2 workers", "| bare consumer (ack only), 4 queues |", "16,500", "83%", "0.020", "4.25", "32 MiB",
-		"12.5 / 30.0 / 41.2 at 8,250/s, host 91% busy (broker 1.02, bench 0.37, worker 0.54, Redis 0.16 CPUs), worker 118 µs/ev (9 of 10 probes); to the firing p50 / p99 4 / 19",
+		"12.5 / 30.0 / 41.2 at 8,250/s, host 91% busy (broker 1.02, bench 0.37, worker 0.54, Redis 0.16 CPUs), worker 118 µs/ev (9 of 10 probes), 3 notifications put back for their turn; to the firing p50 / p99 4 / 19",
 		"evalsha=440", "get=1200", "100.0 µs per call, 44.0 µs per event; of which 4.0 µs per event in the commands they call, 40.0 µs in Lua",
 		"used_memory +3.0 MiB in 50 keys", "40 group state keys, MEMORY USAGE 456 B each, of which 80 B are ids; 10 pages of ids, 1100 B each; ids: 14.2 B per event",
 	} {
@@ -235,6 +235,9 @@ klaxon_events_total{outcome="unmatched"} 20
 klaxon_events_total{outcome="dead"} 60
 klaxon_batches_total{outcome="ok",stage="evaluator"} 7
 klaxon_batches_total{outcome="ok",stage="deliverer"} 3
+klaxon_notifications_total{channel="webhook",outcome="sent"} 40
+klaxon_notifications_total{channel="webhook",outcome="deferred"} 4
+klaxon_notifications_total{channel="telegram",outcome="throttled"} 2
 klaxon_events_totalx 9
 `
 	m, err := parseMetrics(strings.NewReader(text))
@@ -242,7 +245,7 @@ klaxon_events_totalx 9
 		t.Fatal(err)
 	}
 	// Dead-lettered events are events too.
-	if m["events"] != 1580 || m["dead"] != 60 || m["batches"] != 7 {
+	if m["events"] != 1580 || m["dead"] != 60 || m["batches"] != 7 || m["deferred"] != 6 {
 		t.Errorf("metrics %v", m)
 	}
 	if _, err := parseMetrics(strings.NewReader(`klaxon_events_total{outcome="x"} nope`)); err == nil {

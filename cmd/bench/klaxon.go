@@ -130,7 +130,7 @@ func (w *worker) metrics(ctx context.Context, client *http.Client) (map[string]f
 
 // parseMetrics sums the Prometheus text exposition lines the bench needs.
 func parseMetrics(r io.Reader) (map[string]float64, error) {
-	out := map[string]float64{"events": 0, "dead": 0, "batches": 0}
+	out := map[string]float64{"events": 0, "dead": 0, "batches": 0, "deferred": 0}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -164,6 +164,10 @@ func metricKeys(line string) []string {
 		return []string{"events"}
 	case strings.HasPrefix(line, `klaxon_batches_total{`) && strings.Contains(line, `stage="evaluator"`):
 		return []string{"batches"}
+	case strings.HasPrefix(line, `klaxon_notifications_total{`) &&
+		(strings.Contains(line, `outcome="deferred"`) || strings.Contains(line, `outcome="throttled"`)):
+		// Put back to wait for their turn: each waits at least 100 ms.
+		return []string{"deferred"}
 	}
 	return nil
 }

@@ -1045,11 +1045,7 @@ func (b *bench) runKlaxon(ctx context.Context, bin, variant string, k int) (Resu
 	res.Notifications = b.sink.received.Load() - notified
 
 	if b.o.latency > 0 {
-		pids := make([]int, len(ws))
-		for i, w := range ws {
-			pids[i] = w.pid()
-		}
-		if res.Latency, err = b.measureLatency(ctx, kprefix, k, b.latencyRate(res.EventsPerSec), pids); err != nil {
+		if res.Latency, err = b.measureLatency(ctx, kprefix, k, b.latencyRate(res.EventsPerSec), ws); err != nil {
 			return res, nil, err
 		}
 	}
@@ -1150,7 +1146,7 @@ func (b *bench) waitQuiet(ctx context.Context, quiet, timeout time.Duration) {
 // measureLatency publishes the workload at rate for the latency duration,
 // every so often a probe, and times each probe from publish to webhook.
 // workers are the pids whose CPU an event is read over the same span.
-func (b *bench) measureLatency(ctx context.Context, kprefix string, round int, rate float64, workers []int) (*Latency, error) {
+func (b *bench) measureLatency(ctx context.Context, kprefix string, round int, rate float64, ws []*worker) (*Latency, error) {
 	total := max(int(rate*b.o.latency.Seconds()), 1)
 	every := max(int(rate/b.o.probeRate), 1)
 	probes := (total + every - 1) / every
@@ -1159,7 +1155,13 @@ func (b *bench) measureLatency(ctx context.Context, kprefix string, round int, r
 	sent := b.prog.phase(fmt.Sprintf("latency at %s/s", thousands(rate)), int64(total))
 	p := pacer{rate: rate, total: total, transient: b.o.latencyPublish == "hawk"}
 	procs := b.hostProcs()
-	procs["worker"] = workers
+	for _, w := range ws {
+		procs["worker"] = append(procs["worker"], w.pid())
+	}
+	before, err := sumMetrics(ctx, b.http, ws)
+	if err != nil {
+		return nil, err
+	}
 	span, err := loadWhile(procs, func() error {
 		return p.run(ctx, b.br, func(i int) queue.Message {
 			if i%every == 0 {
@@ -1188,6 +1190,11 @@ func (b *bench) measureLatency(ctx context.Context, kprefix string, round int, r
 		}
 	}
 	l.summarize(b.sink.latencies())
+	after, err := sumMetrics(ctx, b.http, ws)
+	if err != nil {
+		return nil, err
+	}
+	l.Deferred = int(after["deferred"] - before["deferred"])
 	return l, nil
 }
 

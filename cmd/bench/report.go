@@ -120,6 +120,12 @@ type Latency struct {
 	// Klaxon: at a paced rate batches are small, and what each costs is
 	// shared by fewer events than in a backlog.
 	WorkerCPU float64 `json:"workerCpuMicros,omitempty"`
+	// Deferred counts the notifications the workers put back to wait for
+	// their turn during the phase (klaxon_notifications_total outcomes
+	// deferred and throttled): a destination with every send it may have
+	// in flight, or its provider's pace. Each waits 100 ms or more, so a
+	// few explain a tail.
+	Deferred int `json:"deferred,omitempty"`
 	// Cores is how many CPUs each process kept busy on average over the
 	// same span: broker, redis, bench (the publisher and webhook sink,
 	// and the bare consumer for the floor) and, for Klaxon, worker.
@@ -253,6 +259,9 @@ func writeTable(w io.Writer, rep *Report) {
 			}
 			if l.Received < l.Probes {
 				row[10] += fmt.Sprintf(" (%d of %d probes)", l.Received, l.Probes)
+			}
+			if l.Deferred > 0 {
+				row[10] += fmt.Sprintf(", %d notifications put back for their turn", l.Deferred)
 			}
 			if r.System != "ceiling" {
 				row[10] += fmt.Sprintf("; to the firing p50 / p99 %.0f / %.0f", l.FiredP50, l.FiredP99)
