@@ -253,8 +253,8 @@ func (p pacer) run(ctx context.Context, b *broker, msg func(i int) queue.Message
 		}
 	}
 	if p.transient {
-		// No confirms to wait for: a channel the broker closed (an
-		// unroutable mandatory message, a missing exchange) says it.
+		// No confirms to wait for: a publish the broker refused (to an
+		// exchange that does not exist, say) closed the channel.
 		if ch.IsClosed() {
 			return errors.New("the broker closed the paced channel")
 		}

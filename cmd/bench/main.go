@@ -1145,7 +1145,8 @@ func (b *bench) waitQuiet(ctx context.Context, quiet, timeout time.Duration) {
 
 // measureLatency publishes the workload at rate for the latency duration,
 // every so often a probe, and times each probe from publish to webhook.
-// workers are the pids whose CPU an event is read over the same span.
+// Over the same span it reads the workers' CPU an event, and how many
+// notifications they put back for their turn.
 func (b *bench) measureLatency(ctx context.Context, kprefix string, round int, rate float64, ws []*worker) (*Latency, error) {
 	total := max(int(rate*b.o.latency.Seconds()), 1)
 	every := max(int(rate/b.o.probeRate), 1)
