@@ -261,7 +261,7 @@ func writeTable(w io.Writer, rep *Report) {
 				row[10] += fmt.Sprintf(" (%d of %d probes)", l.Received, l.Probes)
 			}
 			if l.Deferred > 0 {
-				row[10] += fmt.Sprintf(", %d notifications put back for their turn", l.Deferred)
+				row[10] += fmt.Sprintf(", %d notification%s put back for their turn", l.Deferred, plural(l.Deferred))
 			}
 			if r.System != "ceiling" {
 				row[10] += fmt.Sprintf("; to the firing p50 / p99 %.0f / %.0f", l.FiredP50, l.FiredP99)
