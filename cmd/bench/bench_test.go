@@ -533,11 +533,7 @@ func mustParseRedisURL(t *testing.T, url string) *redis.Options {
 // it, and with it, takes them.
 func TestLayoutMakesTheQueuesOfTheQueueMode(t *testing.T) {
 	url := testenv.AMQPURL(t)
-	br, err := dialBroker(url, queue.Classic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer br.Close()
+	br := testBroker(t, url)
 	name := testenv.QueueName(t)
 	b := &bench{o: options{queueMode: "lazy"}, br: br, queue: name}
 	testenv.DeleteQueuesAtCleanup(t, wire.HashedQueue(name, 0), wire.HashedQueue(name, 1))
@@ -574,12 +570,7 @@ func TestLayoutMakesTheQueuesOfTheQueueMode(t *testing.T) {
 // -latency-publish hawk, transient ones as Hawk's workers do; every one of
 // them reaches the queue either way.
 func TestPacerPublishesAsAsked(t *testing.T) {
-	url := testenv.AMQPURL(t)
-	br, err := dialBroker(url, queue.Classic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer br.Close()
+	br := testBroker(t, testenv.AMQPURL(t))
 	ctx := context.Background()
 	for _, c := range []struct {
 		transient bool
@@ -622,4 +613,23 @@ func TestPacerPublishesAsAsked(t *testing.T) {
 			t.Errorf("transient %t: %d counted as sent, want %d", c.transient, sent.Load(), p.total)
 		}
 	}
+	// Without confirms, a publish the broker refuses still fails the run.
+	var sent atomic.Int64
+	p := pacer{rate: 2000, total: 1, transient: true} // one publish: its refusal comes after it
+	if err := p.run(ctx, br, func(int) queue.Message {
+		return queue.Message{Exchange: testenv.QueueName(t) + ".missing", RoutingKey: "x", Body: []byte("{}")}
+	}, &sent); err == nil {
+		t.Error("transient publishing to a missing exchange: no error")
+	}
+}
+
+// testBroker is the bench's broker access on url, closed when t ends.
+func testBroker(t *testing.T, url string) *broker {
+	t.Helper()
+	br, err := dialBroker(url, queue.Classic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = br.Close() })
+	return br
 }

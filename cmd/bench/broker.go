@@ -253,10 +253,12 @@ func (p pacer) run(ctx context.Context, b *broker, msg func(i int) queue.Message
 		}
 	}
 	if p.transient {
-		// No confirms to wait for: a publish the broker refused (to an
-		// exchange that does not exist, say) closed the channel.
-		if ch.IsClosed() {
-			return errors.New("the broker closed the paced channel")
+		// No confirms to wait for. A publish the broker refused (to an
+		// exchange that does not exist, say) closes the channel, and the
+		// close comes before the answer to a synchronous method sent after
+		// every publish.
+		if err := ch.Qos(0, 0, false); err != nil {
+			return fmt.Errorf("paced publishing: %w", err)
 		}
 		return nil
 	}

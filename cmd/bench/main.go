@@ -626,6 +626,11 @@ func (b *bench) layout(ctx context.Context, nq int) error {
 	return nil
 }
 
+// pacer publishes total events at rate as -latency-publish says.
+func (b *bench) pacer(rate float64, total int) pacer {
+	return pacer{rate: rate, total: total, transient: b.o.latencyPublish == "hawk"}
+}
+
 // incomingArgs are the arguments of the incoming queues the bench makes;
 // the workers use them as they are.
 func (b *bench) incomingArgs() amqp.Table {
@@ -846,7 +851,7 @@ func (b *bench) floorLatency(ctx context.Context, conns []*amqp.Connection, rate
 		}()
 	}
 	phase := b.prog.phase(fmt.Sprintf("floor latency at %s/s", thousands(rate)), int64(total))
-	p := pacer{rate: rate, total: total, transient: b.o.latencyPublish == "hawk"}
+	p := b.pacer(rate, total)
 	span, err := loadWhile(b.hostProcs(), func() error {
 		return p.run(ctx, b.br, func(i int) queue.Message {
 			sent[i].Store(time.Now().UnixNano())
@@ -1154,7 +1159,7 @@ func (b *bench) measureLatency(ctx context.Context, kprefix string, round int, r
 	l := &Latency{Rate: rate, Events: total, Probes: probes}
 	b.sink.expect(kprefix, probes)
 	sent := b.prog.phase(fmt.Sprintf("latency at %s/s", thousands(rate)), int64(total))
-	p := pacer{rate: rate, total: total, transient: b.o.latencyPublish == "hawk"}
+	p := b.pacer(rate, total)
 	procs := b.hostProcs()
 	for _, w := range ws {
 		procs["worker"] = append(procs["worker"], w.pid())
