@@ -31,6 +31,8 @@ type fleet struct {
 	unexpected []string // processes that exited without being told to
 	stopped    bool
 	faults     []span // Redis faults, from injection to recovery
+	// sent indexes each process' "notification sent" lines (sentLines).
+	sent map[string]map[string]bool
 }
 
 // span is a stretch of time.
@@ -341,18 +343,47 @@ func (f *fleet) recorded(name, id string) bool {
 // or refused: logged reports one with its recorded attribute, recorded
 // that it says true.
 func (f *fleet) sentLine(name, id string) (logged, recorded bool) {
+	recorded, logged = f.sentLines(name)[id]
+	return logged, recorded
+}
+
+// sentLines indexes the named process' "notification sent" lines by
+// message id, true where one says recorded=true; a line without its
+// recorded attribute is left out. The log is read once, when the checker
+// first asks: the run is over by then, and it asks for every request.
+func (f *fleet) sentLines(name string) map[string]bool {
+	f.mu.Lock()
+	idx, ok := f.sent[name]
+	f.mu.Unlock()
+	if ok {
+		return idx
+	}
+	idx = map[string]bool{}
 	for line := range f.logLines(name) {
-		if !strings.Contains(line, `"msg":"notification sent"`) || !strings.Contains(line, `"notification_id":"`+id+`"`) {
+		if !strings.Contains(line, `"msg":"notification sent"`) {
+			continue
+		}
+		_, rest, ok := strings.Cut(line, `"notification_id":"`)
+		id, _, closed := strings.Cut(rest, `"`)
+		if !ok || !closed {
 			continue
 		}
 		switch {
 		case strings.Contains(line, `"recorded":true`):
-			return true, true
+			idx[id] = true
 		case strings.Contains(line, `"recorded":false`):
-			logged = true
+			if _, seen := idx[id]; !seen {
+				idx[id] = false
+			}
 		}
 	}
-	return logged, false
+	f.mu.Lock()
+	if f.sent == nil {
+		f.sent = map[string]map[string]bool{}
+	}
+	f.sent[name] = idx
+	f.mu.Unlock()
+	return idx
 }
 
 // killedBetween reports whether any process was SIGKILLed within [from, to].
