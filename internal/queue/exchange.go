@@ -45,8 +45,9 @@ func (p *Publisher) DeclareHashExchange(ctx context.Context, name string) error 
 }
 
 // declareExchange declares a durable exchange of kind. An unknown kind
-// closes the whole connection (COMMAND_INVALID), an exchange of another kind
-// the channel (PRECONDITION_FAILED): both are reported with what to do.
+// closes the whole connection (COMMAND_INVALID) on RabbitMQ 3 and the
+// channel (PRECONDITION_FAILED) on RabbitMQ 4; an exchange of another kind
+// closes the channel (PRECONDITION_FAILED): each is reported with what to do.
 func declareExchange(ch *amqp.Channel, name, kind string) error {
 	if err := ch.ExchangeDeclare(name, kind, true, false, false, false, nil); err != nil {
 		return explainDeclare(name, kind, err)
@@ -60,7 +61,7 @@ func explainDeclare(name, kind string, err error) error {
 	var aerr *amqp.Error
 	if errors.As(err, &aerr) {
 		switch {
-		case aerr.Code == amqp.CommandInvalid && strings.Contains(aerr.Reason, "exchange type"):
+		case unknownType(aerr):
 			if kind == HashExchangeType {
 				return fmt.Errorf("declare exchange %q: %w (broker said: %s)", name, ErrNoHashExchange, aerr.Reason)
 			}
@@ -71,6 +72,14 @@ func explainDeclare(name, kind string, err error) error {
 		}
 	}
 	return fmt.Errorf("declare exchange %q: %w", name, err)
+}
+
+// unknownType reports whether the broker refused a declare for its
+// exchange type: RabbitMQ 3 says so with COMMAND_INVALID, RabbitMQ 4 with
+// PRECONDITION_FAILED, the code an exchange of another kind also gets.
+func unknownType(err *amqp.Error) bool {
+	return strings.Contains(err.Reason, "unknown exchange type") ||
+		err.Code == amqp.CommandInvalid && strings.Contains(err.Reason, "exchange type")
 }
 
 // bindHashed declares the consistent-hash exchange and binds queue to it
