@@ -27,10 +27,10 @@ import (
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
-// The broker is the matching process that started first, not the one
-// with the lowest pid: pids wrap, and RabbitMQ's command-line tools are
-// beam.smp processes too.
-func TestFindProcessTakesTheOldest(t *testing.T) {
+// The broker is the matching process that listens on the bench's port,
+// else the one that started first, not the one with the lowest pid: pids
+// wrap, and RabbitMQ's command-line tools are beam.smp processes too.
+func TestFindProcessTakesTheListenerThenTheOldest(t *testing.T) {
 	proc := t.TempDir()
 	add := func(pid int, comm, cmdline string, start int) {
 		dir := filepath.Join(proc, strconv.Itoa(pid))
@@ -49,11 +49,42 @@ func TestFindProcessTakesTheOldest(t *testing.T) {
 	add(679, "beam.smp", "beam.smp\x00-s\x00rabbitmqctl_escript", 90000) // a tool, after pids wrapped
 	add(12, "beam.smp", "beam.smp\x00-s\x00other_app", 100)              // no "rabbit"
 	add(13, "redis-server", "redis-server\x00rabbit", 50)                // another name
-	if got := findProcess(proc, "beam.smp", "rabbit"); got != 2964 {
+	if got := findProcess(proc, "beam.smp", "rabbit", 0); got != 2964 {
 		t.Errorf("findProcess = %d, want 2964, the broker that started first", got)
 	}
-	if got := findProcess(proc, "nginx", ""); got != 0 {
+	if got := findProcess(proc, "nginx", "", 0); got != 0 {
 		t.Errorf("no such process: %d, want 0", got)
+	}
+
+	// A second node, started later, listens on 5673 (0x1629): the bench
+	// talking to it meters it, not the older one.
+	add(3100, "beam.smp", "beam.smp\x00-s\x00rabbit\x00boot", 900)
+	if err := os.MkdirAll(filepath.Join(proc, "3100", "fd"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("socket:[4242]", filepath.Join(proc, "3100", "fd", "7")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(proc, "net"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tcp := "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n" +
+		"   0: 0100007F:1629 00000000:0000 0A 00000000:00000000 00:00000000 00000000   107        0 4242 1 0000000000000000 100 0 0 10 0\n" +
+		"   1: 0100007F:1629 0100007F:B0C2 01 00000000:00000000 00:00000000 00000000   107        0 4343 1 0000000000000000 20 4 30 10 -1\n"
+	if err := os.WriteFile(filepath.Join(proc, "net", "tcp"), []byte(tcp), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := findProcess(proc, "beam.smp", "rabbit", 5673); got != 3100 {
+		t.Errorf("findProcess on port 5673 = %d, want 3100, the node listening there", got)
+	}
+	if got := findProcess(proc, "beam.smp", "rabbit", 5672); got != 2964 {
+		t.Errorf("findProcess on port 5672, where nothing listens = %d, want 2964, the oldest", got)
+	}
+	if got := amqpPort("amqp://guest:guest@127.0.0.1:5673/"); got != 5673 {
+		t.Errorf("amqpPort = %d, want 5673", got)
+	}
+	if got := amqpPort("amqp://localhost/"); got != 5672 {
+		t.Errorf("amqpPort without a port = %d, want 5672", got)
 	}
 }
 

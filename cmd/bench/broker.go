@@ -22,6 +22,17 @@ type broker struct {
 	poll *amqp.Channel // ready's, used from one goroutine at a time
 }
 
+// amqpPort is the TCP port of the broker at url (amqp091's defaults when
+// it names none), 0 when url does not parse: how the bench tells its broker
+// from another node on the same host.
+func amqpPort(url string) uint64 {
+	u, err := amqp.ParseURI(url)
+	if err != nil {
+		return 0
+	}
+	return uint64(u.Port)
+}
+
 // The queues it declares are of type typ.
 func dialBroker(url string, typ queue.Type) (*broker, error) {
 	pub, err := queue.NewPublisher(queue.PublisherConfig{URL: url, ConnectionName: "klaxon-bench", QueueType: typ,

@@ -408,7 +408,7 @@ func run(ctx context.Context, o options, stderr io.Writer) (rep *Report, err err
 		b.redisPID = info.processID
 	}
 	rep.Host.RabbitMQ = b.br.version()
-	b.beamPID = findProcess("/proc", "beam.smp", "rabbit")
+	b.beamPID = findProcess("/proc", "beam.smp", "rabbit", amqpPort(b.o.amqpURL))
 	rep.Host.RedisPID, rep.Host.BrokerPID = b.redisPID, b.beamPID
 
 	b.queues = append(b.queues, b.queue, b.queue+".dead", b.prefix+".hawk-out")

@@ -49,10 +49,12 @@ func peakRSS(pid int) (int64, error) {
 
 // findProcess returns the pid of the process named comm whose command line
 // contains hint, in the proc filesystem mounted at mount, or 0 when there
-// is none. With several matches it returns the one that started first: a
-// server outlives the short-lived tools that share its name (RabbitMQ's
-// rabbitmqctl is a beam.smp too), whatever their pids once pids wrap.
-func findProcess(mount, comm, hint string) int {
+// is none. With several matches it takes one that listens on TCP port (the
+// broker the bench talks to, when another node runs beside it), if any;
+// among those left, the one that started first: a server outlives the
+// short-lived tools that share its name (RabbitMQ's rabbitmqctl is a
+// beam.smp too), whatever their pids once pids wrap.
+func findProcess(mount, comm, hint string, port uint64) int {
 	fs, err := procfs.NewFS(mount)
 	if err != nil {
 		return 0
@@ -61,7 +63,8 @@ func findProcess(mount, comm, hint string) int {
 	if err != nil {
 		return 0
 	}
-	best, bestStart := 0, uint64(0)
+	listening := listeners(fs, port)
+	best, bestStart, bestListens := 0, uint64(0), false
 	for _, p := range procs {
 		if c, err := p.Comm(); err != nil || c != comm {
 			continue
@@ -73,11 +76,53 @@ func findProcess(mount, comm, hint string) int {
 		if err != nil {
 			continue
 		}
-		if best == 0 || st.Starttime < bestStart || st.Starttime == bestStart && p.PID < best {
-			best, bestStart = p.PID, st.Starttime
+		listens := holdsSocket(p, listening)
+		older := best == 0 || st.Starttime < bestStart || st.Starttime == bestStart && p.PID < best
+		if listens && !bestListens || listens == bestListens && older {
+			best, bestStart, bestListens = p.PID, st.Starttime, listens
 		}
 	}
 	return best
+}
+
+// listeners are the inodes of the sockets listening on TCP port (none for
+// port 0).
+func listeners(fs procfs.FS, port uint64) map[uint64]bool {
+	const tcpListen = 0x0A // st in /proc/net/tcp
+	inodes := map[uint64]bool{}
+	if port == 0 {
+		return inodes
+	}
+	for _, read := range []func() (procfs.NetTCP, error){fs.NetTCP, fs.NetTCP6} {
+		lines, err := read()
+		if err != nil {
+			continue // no IPv6, say
+		}
+		for _, l := range lines {
+			if l.St == tcpListen && l.LocalPort == port {
+				inodes[l.Inode] = true
+			}
+		}
+	}
+	return inodes
+}
+
+// holdsSocket reports whether p has one of the sockets inodes open.
+func holdsSocket(p procfs.Proc, inodes map[uint64]bool) bool {
+	if len(inodes) == 0 {
+		return false
+	}
+	targets, err := p.FileDescriptorTargets()
+	if err != nil {
+		return false
+	}
+	for _, t := range targets {
+		var inode uint64
+		if _, err := fmt.Sscanf(t, "socket:[%d]", &inode); err == nil && inodes[inode] {
+			return true
+		}
+	}
+	return false
 }
 
 // isProcess reports whether pid is a local process whose name starts with comm.
