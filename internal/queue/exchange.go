@@ -75,11 +75,11 @@ func explainDeclare(name, kind string, err error) error {
 }
 
 // unknownType reports whether the broker refused a declare for its
-// exchange type: RabbitMQ 3 says so with COMMAND_INVALID, RabbitMQ 4 with
-// PRECONDITION_FAILED, the code an exchange of another kind also gets.
+// exchange type. The reason tells, not the code: RabbitMQ 3 answers
+// COMMAND_INVALID, RabbitMQ 4 PRECONDITION_FAILED, the code an exchange of
+// another kind also gets; both say "unknown exchange type".
 func unknownType(err *amqp.Error) bool {
-	return strings.Contains(err.Reason, "unknown exchange type") ||
-		err.Code == amqp.CommandInvalid && strings.Contains(err.Reason, "exchange type")
+	return strings.Contains(err.Reason, "unknown exchange type")
 }
 
 // bindHashed declares the consistent-hash exchange and binds queue to it
