@@ -50,6 +50,28 @@ const (
 	DefaultEmailRecipients   = 10
 )
 
+// Bounds on a channel's endpoint. An endpoint travels in every delivery
+// job of its rule, so one of megabytes would make every firing a message
+// of megabytes; real ones are a URL, a chat id or a few addresses.
+const (
+	// MaxURLEndpointBytes is the longest endpoint of telegram, slack,
+	// loop and webhook: a URL or a chat id. 2 KiB is what browsers and
+	// most HTTP servers take as a URL's length.
+	MaxURLEndpointBytes = 2048
+	// MaxAddressBytes is what an email endpoint may spend per address it
+	// may name (RFC 5321's 254 bytes of address, and a display name): an
+	// email endpoint may be EmailRecipients × MaxAddressBytes long.
+	MaxAddressBytes = 320
+)
+
+// EndpointBytes is the longest endpoint channel may have.
+func (l Limits) EndpointBytes(channel string) int {
+	if channel == Email {
+		return l.withDefaults().EmailRecipients * MaxAddressBytes
+	}
+	return MaxURLEndpointBytes
+}
+
 // withDefaults returns l with every zero field set to its default.
 func (l Limits) withDefaults() Limits {
 	def := func(v *int, d int) {
@@ -93,6 +115,22 @@ func (l Limits) checkFilters(including, excluding []string) error {
 		return fmt.Errorf("including and excluding words add up to %d bytes: at most %d", total, l.FilterBytes)
 	}
 	return nil
+}
+
+// checkEndpoint says why a channel's endpoint is over the limits, "" when
+// it is within them. Addresses and URLs may be personal data or secrets:
+// the reason says how many and how long, never what.
+func (l Limits) checkEndpoint(channel, endpoint string) string {
+	if channel == Email {
+		if n := Recipients(endpoint); n > l.EmailRecipients {
+			return fmt.Sprintf("channel email names %d addresses, over the limit of %d: left out", n, l.EmailRecipients)
+		}
+	}
+	if n, most := len(strings.TrimSpace(endpoint)), l.EndpointBytes(channel); n > most {
+		// Every delivery job of the rule carries the endpoint.
+		return fmt.Sprintf("channel %s: endpoint is %d bytes long, over the limit of %d: left out", channel, n, most)
+	}
+	return ""
 }
 
 // Recipients counts the addresses of an email endpoint, as the email

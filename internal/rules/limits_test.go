@@ -1,6 +1,8 @@
 package rules
 
 import (
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -84,4 +86,65 @@ func TestRecipients(t *testing.T) {
 			t.Errorf("Recipients(%q) = %d, want %d", endpoint, got, want)
 		}
 	}
+}
+
+// An endpoint travels in every delivery job of its rule: a 3 MB webhook
+// URL made every firing a 3 MB message, past what the broker takes. Such a
+// channel is left out with a warning naming the channel, the length and
+// the limit, never the endpoint; the rule's other channels keep working.
+func TestOverlongEndpointLeavesItsChannelOut(t *testing.T) {
+	huge := "https://example.com/" + strings.Repeat("a", 3<<20)
+	for _, tc := range []struct {
+		channel, endpoint string
+		limit             int
+	}{
+		{Webhook, huge, MaxURLEndpointBytes},
+		{Slack, "https://hooks.slack.com/services/" + strings.Repeat("b", MaxURLEndpointBytes), MaxURLEndpointBytes},
+		{Telegram, "-100" + strings.Repeat("1", MaxURLEndpointBytes), MaxURLEndpointBytes},
+		{Loop, huge, MaxURLEndpointBytes},
+		{Email, "a@example.com," + strings.Repeat(" ", 100) + strings.Repeat("x", 3200) + "@example.com", DefaultEmailRecipients * MaxAddressBytes},
+	} {
+		channels := map[string]ChannelSpec{
+			tc.channel: {IsEnabled: true, Endpoint: tc.endpoint},
+			Webhook:    {IsEnabled: true, Endpoint: "http://127.0.0.1/h"},
+		}
+		if tc.channel == Webhook {
+			channels[Slack] = ChannelSpec{IsEnabled: true, Endpoint: "https://hooks.slack.com/services/T/B/x"}
+		}
+		r, warnings, err := Compile("p", Spec{ID: "r", IsEnabled: true, WhatToReceive: OnlyNew, Channels: channels})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.channel, err)
+		}
+		n := len(strings.TrimSpace(tc.endpoint))
+		want := fmt.Sprintf("channel %s: endpoint is %d bytes long, over the limit of %d: left out", tc.channel, n, tc.limit)
+		if !slices.Contains(warnings, want) {
+			t.Errorf("%s: warnings %.300q, want %q", tc.channel, warnings, want)
+		}
+		for _, w := range warnings {
+			if strings.Contains(w, "aaaa") || strings.Contains(w, "xxxx") || strings.Contains(w, "example.com") {
+				t.Errorf("%s: a warning repeats the endpoint: %.200s", tc.channel, w)
+			}
+		}
+		if len(r.Channels) != 1 || r.Channels[0].Name == tc.channel {
+			t.Errorf("%s: channels %v, want the other channel alone", tc.channel, channelNames(r))
+		}
+	}
+	// At the limit, an endpoint is taken.
+	at := "https://example.com/" + strings.Repeat("a", MaxURLEndpointBytes-len("https://example.com/"))
+	r, warnings, err := Compile("p", Spec{ID: "r", IsEnabled: true, WhatToReceive: OnlyNew,
+		Channels: map[string]ChannelSpec{Webhook: {IsEnabled: true, Endpoint: at}}})
+	if err != nil || len(warnings) != 0 || len(r.Channels) != 1 {
+		t.Errorf("an endpoint of %d bytes: %v, %q", len(at), err, warnings)
+	}
+	if got := (Limits{EmailRecipients: 2}).EndpointBytes(Email); got != 2*MaxAddressBytes {
+		t.Errorf("email endpoint bound with 2 recipients: %d", got)
+	}
+}
+
+func channelNames(r *Rule) []string {
+	var names []string
+	for _, c := range r.Channels {
+		names = append(names, c.Name)
+	}
+	return names
 }

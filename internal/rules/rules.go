@@ -287,10 +287,10 @@ func (l Limits) Compile(projectID string, s Spec) (*Rule, []string, error) {
 			warnings = append(warnings, fmt.Sprintf("channel %s is enabled but has no endpoint: left out", name))
 			continue
 		}
-		if n := Recipients(c.Endpoint); name == Email && n > l.EmailRecipients {
+		if w := l.checkEndpoint(name, c.Endpoint); w != "" {
 			// Like a missing endpoint: the rule's other channels keep
-			// working. Addresses are personal data: not repeated here.
-			warnings = append(warnings, fmt.Sprintf("channel email names %d addresses, over the limit of %d: left out", n, l.EmailRecipients))
+			// working.
+			warnings = append(warnings, w)
 			continue
 		}
 		if c.MinPeriod < 0 {

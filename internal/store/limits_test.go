@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -120,4 +121,60 @@ func TestRulesOverTheLimitsAreSkippedWithAWarning(t *testing.T) {
 	if strings.Contains(logs.String(), "@example.com") || strings.Contains(logs.String(), secret) {
 		t.Errorf("an endpoint reached the log:\n%s", logs)
 	}
+}
+
+// A 3 MB webhook URL made every firing of its rule a 3 MB delivery job,
+// past the 2 MiB the broker takes, and loaded without a word. From either
+// source, the channel is left out with a warning naming the project, the
+// rule, the channel, the length and the limit; the rule's other channel
+// still notifies.
+func TestOverlongEndpointIsLeftOutAtLoad(t *testing.T) {
+	huge := "https://example.com/" + secret + strings.Repeat("a", 3<<20)
+	reason := fmt.Sprintf("channel webhook: endpoint is %d bytes long, over the limit of %d: left out", len(huge), rules.MaxURLEndpointBytes)
+	check := func(t *testing.T, src store.Source) {
+		log, logs := newLogger()
+		cache := store.NewCache(src, store.CacheOptions{Logger: log})
+		if err := cache.Refresh(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		rs := cache.Rules(projectA)
+		if len(rs) != 1 || len(rs[0].Channels) != 1 || rs[0].Channels[0].Name != rules.Slack {
+			t.Fatalf("rules %+v, want the rule with its slack channel alone", rs)
+		}
+		if n := logs.count(t, "rule warning", "project", projectA, "rule", rs[0].ID, "reason", reason); n != 1 {
+			t.Errorf("no warning saying %q\n%.2000s", reason, logs)
+		}
+		if strings.Contains(logs.String(), secret) {
+			t.Errorf("the endpoint reached the log:\n%.2000s", logs)
+		}
+	}
+	t.Run("mongodb", func(t *testing.T) {
+		coll, uri := projectsCollection(t)
+		if _, err := coll.InsertOne(t.Context(), bson.D{{Key: "_id", Value: oid(t, projectA)}, {Key: "notifications", Value: bson.A{
+			bson.D{
+				{Key: "_id", Value: oid(t, "64b7f0c2a1b2c3d4e5f70001")},
+				{Key: "isEnabled", Value: true},
+				{Key: "whatToReceive", Value: "ONLY_NEW"},
+				{Key: "channels", Value: bson.D{
+					{Key: "webhook", Value: channel(huge, int32(0))},
+					{Key: "slack", Value: channel("https://hooks.slack.com/services/T/B/x", int32(0))},
+				}},
+			},
+		}}}); err != nil {
+			t.Fatal(err)
+		}
+		check(t, mongoSource(t, uri))
+	})
+	t.Run("file", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "rules.yaml")
+		writeFile(t, path, projectA+`:
+  - id: rule-1
+    isEnabled: true
+    whatToReceive: ONLY_NEW
+    channels:
+      webhook: {isEnabled: true, endpoint: "`+huge+`"}
+      slack: {isEnabled: true, endpoint: "https://hooks.slack.com/services/T/B/x"}
+`)
+		check(t, store.NewFileSource(path))
+	})
 }
