@@ -185,6 +185,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 				Groups:        groups,
 				DeadQueue:     wire.DeadQueue(cfg.Queue),
 				DeliveryQueue: wire.DeliveryQueue(cfg.Prefix),
+				FailedQueue:   wire.FailedQueue(cfg.Prefix),
 				EventURL:      cfg.EventURL,
 				Keys:          cfg.EndpointKeys(),
 				Log:           log.With("stage", "evaluator"),

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/klaxonhq/klaxon/internal/counter"
@@ -77,8 +78,12 @@ type Evaluator struct {
 	Groups Groups
 	// DeadQueue receives messages that cannot be used (<queue>.dead).
 	DeadQueue string
-	// DeliveryQueue receives, per event, one job per destination.
+	// DeliveryQueue receives, per event, one job per destination (more
+	// when they would be over wire.MaxJobBytes).
 	DeliveryQueue string
+	// FailedQueue receives the firings too big for any delivery job
+	// (<prefix>.failed).
+	FailedQueue string
 	// EventURL is the template of the link to an event that messages
 	// carry, with {projectId} and {groupHash} (KLAXON_EVENT_URL); "" for
 	// none.
@@ -98,6 +103,9 @@ type Evaluator struct {
 	// groups' states and lose the compare-and-set to each other, sending
 	// both to the script.
 	counting sync.Mutex
+	// brokerMax is the broker's max_message_size once a refusal told it
+	// (0 before): jobs are built within it from then on.
+	brokerMax atomic.Int64
 }
 
 // Handle processes a batch; returning nil acks all of it. Dead letters and
@@ -190,24 +198,69 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 		// the broker's confirms (queue.ConsumerConfig.Pipelined); not after
 		// a failure, which the next would meet too.
 		b.Release()
-		for i, res := range results {
-			jobs, err := e.jobs(&events[i], &msgs[i], res, groups, &regs)
-			if err != nil {
-				return err
-			}
-			out = append(out, jobs...)
-		}
 	}
-	if len(out) > 0 {
-		if err := e.Publisher.Publish(ctx, out...); err != nil {
-			return fmt.Errorf("publish %d dead letters and delivery jobs: %w", len(out), err)
-		}
+	if err := e.publish(ctx, out, events, msgs, results, groups, &regs); err != nil {
+		return err
 	}
 	if err := e.startStorms(ctx, events, msgs, results); err != nil {
 		return err
 	}
 	e.record(tally, events, results, &regs)
 	return nil
+}
+
+// publish publishes the batch's dead letters and the delivery jobs of its
+// firings, and returns once the broker confirmed them all. A message the
+// broker refuses for its size would be refused at every try of the batch:
+// the broker's refusal says its max_message_size, and the messages are
+// built again within it.
+func (e *Evaluator) publish(ctx context.Context, dead []queue.Message, evs []counter.Event, msgs []event.Message,
+	results []counter.Result, groups map[groupKey]events.Group, regs *regressions) error {
+	limit := wire.MaxJobBytes
+	if most := int(e.brokerMax.Load()); most > 0 {
+		limit = min(limit, most)
+	}
+	for {
+		out := cutDeadLetters(dead, limit)
+		var big []tooBig
+		for i, res := range results {
+			jobs, b, err := e.jobs(&evs[i], &msgs[i], res, groups, regs, limit)
+			if err != nil {
+				return err
+			}
+			out, big = append(out, jobs...), append(big, b...)
+		}
+		for _, t := range big {
+			msg, err := e.failed(t, limit)
+			if err != nil {
+				return err
+			}
+			out = append(out, msg)
+		}
+		if len(out) == 0 {
+			return nil
+		}
+		err := e.Publisher.Publish(ctx, out...)
+		if tl, ok := errors.AsType[*queue.TooLargeError](err); ok && tl.Max < limit {
+			e.brokerMax.Store(int64(tl.Max))
+			e.Log.Warn("the broker refused a message over its max_message_size: building messages within it",
+				"max_message_size", tl.Max, "was", limit)
+			limit = tl.Max
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("publish %d dead letters and delivery jobs: %w", len(out), err)
+		}
+		for _, t := range big {
+			// Once, now that the batch is done: a batch tried again
+			// would count it again otherwise.
+			e.Metrics.Notifications.WithLabelValues(t.job.Channel, "failed").Inc()
+			e.Log.Error("firing too big for a delivery job: sent to the failed queue", "project", t.job.ProjectID,
+				"rule", cut(t.job.RuleID), "channel", t.job.Channel, "notification_id", t.job.Notification.ID,
+				"bytes", t.size, "limit", limit, "queue", e.FailedQueue)
+		}
+		return nil
+	}
 }
 
 // startStorms tells Storms of the batch's firings that want a "storm
@@ -433,14 +486,16 @@ func (e *Evaluator) traceEvent(ev *counter.Event, res *counter.Result) {
 
 // jobs turns the firings of one event into delivery jobs: one per
 // destination (a channel and an endpoint), carrying every rule's firing
-// that goes there (docs/contract.md §5.8). A replayed firing (a redelivered
+// that goes there (docs/contract.md §5.8), or several when that would be
+// over limit bytes (pack), and returns the firings too big for any job. A replayed firing (a redelivered
 // message) gets the same jobs again; the deliverer sends each firing once
 // per channel, whichever job carries it.
 //
 // With Hawk's events database, a firing carries the group's history as the
 // batch read it; a firing of a derived rule is the regression of its rule,
 // sent as that rule's (its id, channels and digests).
-func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result, groups map[groupKey]events.Group, regs *regressions) ([]queue.Message, error) {
+func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result, groups map[groupKey]events.Group,
+	regs *regressions, limit int) ([]queue.Message, []tooBig, error) {
 	type destination struct{ channel, endpoint string }
 	var (
 		order []destination
@@ -471,21 +526,17 @@ func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result
 		}
 	}
 	jobs := make([]queue.Message, 0, len(order))
+	var big []tooBig
 	for _, dest := range order {
-		job := wire.Job{Channel: dest.channel, Endpoint: e.Keys.Seal(dest.endpoint, ev.ProjectID, dest.channel),
-			ProjectID: ev.ProjectID, Firings: to[dest]}
-		if len(job.Firings) == 1 {
-			// One rule: the job of a single firing, as before grouping.
-			f := job.Firings[0]
-			job.RuleID, job.MinPeriod, job.Notification, job.Firings = f.RuleID, f.MinPeriod, f.Notification, nil
-		}
-		msg, err := job.Message(e.DeliveryQueue)
+		base := wire.Job{Channel: dest.channel, Endpoint: e.Keys.Seal(dest.endpoint, ev.ProjectID, dest.channel),
+			ProjectID: ev.ProjectID}
+		msgs, b, err := e.pack(base, to[dest], limit)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		jobs = append(jobs, msg)
+		jobs, big = append(jobs, msgs...), append(big, b...)
 	}
-	return jobs, nil
+	return jobs, big, nil
 }
 
 // Notification describes a firing as the webhook body of docs/contract.md §5.1.

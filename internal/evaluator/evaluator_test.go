@@ -37,6 +37,9 @@ type fakeCounter struct {
 	err    error
 	reuse  []counter.Result
 	record bool
+	// hashIDs gives firings the counter's own ids, hashes of the rule id
+	// among others, rather than "firing-<rule id>".
+	hashIDs bool
 }
 
 func (f *fakeCounter) ObserveBatch(_ context.Context, _ int64, events []counter.Event) ([]counter.Result, error) {
@@ -63,6 +66,9 @@ func (f *fakeCounter) ObserveBatch(_ context.Context, _ int64, events []counter.
 			if f.fire[r.ID] {
 				o.Fired, o.ID, o.At, o.Window = true, "firing-"+r.ID, time.UnixMilli(1_700_000_000_000), 0
 				o.Counts = make([]int64, len(r.Windows))
+				if f.hashIDs {
+					o.ID = counter.FiringID(ev.ProjectID, r.ID, ev.GroupHash, o.At)
+				}
 			}
 			res[i].Outcomes[k] = o
 		}

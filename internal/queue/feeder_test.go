@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	mathrand "math/rand/v2"
 	"os"
@@ -281,6 +282,28 @@ func TestOwnBroker(t *testing.T) {
 		}
 		if _, err := ch.QueuePurge(q, false); err != nil {
 			t.Fatal(err)
+		}
+	})
+
+	// A refusal for size closes the publishing channel: Publish says so
+	// with the broker's limit, so that the caller can set that message
+	// aside rather than try it forever, and the next call goes through.
+	t.Run("publish over max_message_size is a TooLargeError", func(t *testing.T) {
+		ch := declare()
+		defer func() { _, _ = ch.QueuePurge(q, false) }()
+		pub, err := queue.NewPublisher(queue.PublisherConfig{URL: node.URL})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pub.Close()
+		small := queue.Message{RoutingKey: q, Body: []byte("small")}
+		err = pub.Publish(t.Context(), small, queue.Message{RoutingKey: q, Body: make([]byte, 3<<20)}, small)
+		tl, ok := errors.AsType[*queue.TooLargeError](err)
+		if !ok || tl.Max != 2097152 || tl.Size < 3<<20 {
+			t.Fatalf("Publish of a 3 MiB message = %v, want a TooLargeError with the broker's limit", err)
+		}
+		if err := pub.Publish(t.Context(), small); err != nil {
+			t.Errorf("the next Publish: %v", err)
 		}
 	})
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"regexp"
 	"slices"
 	"strconv"
 	"sync"
@@ -26,6 +27,51 @@ var (
 	// ErrClosed means the Publisher was closed.
 	ErrClosed = errors.New("publisher closed")
 )
+
+// TooLargeError means the broker refused a message for its size (RabbitMQ's
+// max_message_size): it closes the channel, failing the confirms of every
+// message of the call not yet confirmed. Publishing the same messages again
+// fails the same way, so a caller that retries until they go would hold
+// them forever; it must make them smaller or set the big ones aside, one by
+// one: those of more than Max bytes of body.
+type TooLargeError struct {
+	Size int // the refused message's bytes, as the broker counted them
+	Max  int // the broker's max_message_size
+	err  error
+}
+
+func (e *TooLargeError) Error() string {
+	msg := fmt.Sprintf("broker refused a message of %d bytes, over its max_message_size of %d", e.Size, e.Max)
+	if e.err != nil {
+		msg += ": " + e.err.Error()
+	}
+	return msg
+}
+
+func (e *TooLargeError) Unwrap() error { return e.err }
+
+// tooLargeReason is RabbitMQ's reason for refusing a message for its size
+// (406 PRECONDITION_FAILED), the same from 3.8 to 4.x.
+var tooLargeReason = regexp.MustCompile(`message size (\d+) is larger than configured max size (\d+)`)
+
+// tooLarge returns the TooLargeError that err (a channel's close reason)
+// stands for, or nil.
+func tooLarge(err error) *TooLargeError {
+	var aerr *amqp.Error
+	if !errors.As(err, &aerr) || aerr.Code != amqp.PreconditionFailed {
+		return nil
+	}
+	m := tooLargeReason.FindStringSubmatch(aerr.Reason)
+	if m == nil {
+		return nil
+	}
+	size, err1 := strconv.Atoi(m[1])
+	most, err2 := strconv.Atoi(m[2])
+	if err1 != nil || err2 != nil {
+		return nil
+	}
+	return &TooLargeError{Size: size, Max: most, err: aerr}
+}
 
 // PublisherConfig configures a Publisher. Zero values take the defaults shown.
 type PublisherConfig struct {
@@ -570,17 +616,30 @@ type pubChannel struct {
 	closes  <-chan *amqp.Error // why the broker closed it, e.g. 404 for a missing exchange
 }
 
-// closeReason is the broker's reason for closing the channel, or amqp.ErrClosed.
-func (pch *pubChannel) closeReason() error {
+// closeReasonWait is the broker's reason for closing the channel, or
+// amqp.ErrClosed. amqp091 marks a channel closed before it hands out the
+// broker's reason, so the reason may be a moment behind a failed write: it
+// waits for it up to reasonWait or ctx's end, whichever comes first.
+func (pch *pubChannel) closeReasonWait(ctx context.Context) error {
+	if !pch.ch.IsClosed() {
+		return amqp.ErrClosed
+	}
+	t := time.NewTimer(reasonWait)
+	defer t.Stop()
 	select {
 	case e, ok := <-pch.closes:
 		if ok && e != nil {
 			return e
 		}
-	default:
+	case <-t.C:
+	case <-ctx.Done():
 	}
 	return amqp.ErrClosed
 }
+
+// reasonWait bounds the wait for a closed channel's reason: it comes with
+// the frame that closed the channel, handled at once.
+const reasonWait = time.Second
 
 // publish sends every message, then waits for every confirm. reusable
 // reports whether every confirm arrived, leaving the channel clean.
@@ -590,6 +649,10 @@ func (pch *pubChannel) publish(ctx context.Context, msgs []Message) (returned []
 		// mandatory: an unroutable message comes back instead of vanishing.
 		dc, err := pch.ch.PublishWithDeferredConfirmWithContext(ctx, m.Exchange, m.RoutingKey, true, false, m.publishing())
 		if err != nil {
+			if tl := tooLarge(pch.closeReasonWait(ctx)); tl != nil {
+				// The broker closed the channel for an earlier message.
+				return nil, false, fmt.Errorf("publish to %s: %w", target(m.Exchange, m.RoutingKey), tl)
+			}
 			return nil, false, fmt.Errorf("publish to %s: %w", target(m.Exchange, m.RoutingKey), err)
 		}
 		confs = append(confs, dc)
@@ -637,7 +700,11 @@ func (pch *pubChannel) publish(ctx context.Context, msgs []Message) (returned []
 	switch {
 	case nacked > 0 && pch.ch.IsClosed():
 		// amqp091 fails outstanding confirms when the channel closes.
-		return returned, false, fmt.Errorf("%d of %d messages unconfirmed, channel closed: %w", nacked, len(msgs), pch.closeReason())
+		reason := pch.closeReasonWait(ctx)
+		if tl := tooLarge(reason); tl != nil {
+			return returned, false, fmt.Errorf("%d of %d messages unconfirmed: %w", nacked, len(msgs), tl)
+		}
+		return returned, false, fmt.Errorf("%d of %d messages unconfirmed, channel closed: %w", nacked, len(msgs), reason)
 	case nacked > 0:
 		return returned, true, fmt.Errorf("%d of %d messages: %w", nacked, len(msgs), ErrNacked)
 	case len(returned) > 0:

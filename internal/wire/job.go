@@ -62,6 +62,18 @@ type Job struct {
 	Paced bool `json:"paced,omitempty"`
 }
 
+// MaxJobBytes is the most bytes of JSON a delivery job the evaluator
+// publishes may have. The firings of one event on one destination that
+// would make a bigger grouped job go in several jobs, each within it; a
+// single firing bigger than it goes to <prefix>.failed instead (cut down
+// to what identifies it), with the reason in ErrorHeader. It is a quarter
+// of the 2 MiB max_message_size of deploy/rabbitmq/klaxon.conf: the
+// deliverer's record of a job that failed for good carries the job and
+// its notifications again, about twice its size, and must fit too. Real
+// firings are a few KiB: the title is cut to 1,000 bytes, a rule's filter
+// words to 4 KiB, an endpoint to 2 KiB.
+const MaxJobBytes = 512 << 10
+
 // Firing is one rule's firing in a grouped job, with what the deliverer
 // needs to pace it on its own: the rule's minPeriod on the channel.
 type Firing struct {
