@@ -205,7 +205,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			if err != nil {
 				return err
 			}
-			consumers = append(consumers, consumer{in.Name, c})
+			consumers = append(consumers, consumer{"evaluator", in.Name, c})
 			work = append(work, func(ctx context.Context) error { return c.Consume(ctx, eval.Handle) })
 		}
 	}
@@ -231,7 +231,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		consumers = append(consumers, consumer{dlv.Queue(), c})
+		consumers = append(consumers, consumer{"deliverer", dlv.Queue(), c})
 		work = append(work, func(ctx context.Context) error {
 			err := c.Consume(ctx, dlv.Handle)
 			// Sends whose outcome Redis refused are known only to this
@@ -265,6 +265,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			}
 			return nil
 		},
+		"batches": func(context.Context) error { return heldBatches(consumers, cfg.MaxBatchHold, m) },
 	}
 	handler := mux(reg, checks, m)
 	if cfg.Pprof {
@@ -446,8 +447,36 @@ func channelNames(channels map[string]notify.Channel) []string {
 
 // consumer is a queue consumer and the queue it reads.
 type consumer struct {
-	queue string
+	stage, queue string
 	*queue.Consumer
+}
+
+// heldBatches sets klaxon_batch_held_seconds of every stage to the age of
+// the oldest batch it holds for a retry, and says which stages have held
+// one longer than limit (KLAXON_MAX_BATCH_HOLD): a stage that cannot get
+// past a batch holds every message behind it, while the broker, Redis and
+// the rules may all answer.
+func heldBatches(consumers []consumer, limit time.Duration, m *metrics.Metrics) error {
+	oldest := map[string]time.Duration{}
+	var over []string
+	for _, c := range consumers {
+		age := time.Duration(0)
+		if h, ok := c.OldestHold(); ok {
+			age = time.Since(h.Since)
+			if age > limit {
+				over = append(over, fmt.Sprintf("%s has held a batch of %d from %s for %s (%d attempts, over %s): %.300v",
+					c.stage, h.Size, c.queue, age.Round(time.Second), h.Attempts, limit, h.Err))
+			}
+		}
+		oldest[c.stage] = max(oldest[c.stage], age)
+	}
+	for stage, age := range oldest {
+		m.BatchHeld.WithLabelValues(stage).Set(age.Seconds())
+	}
+	if len(over) > 0 {
+		return errors.New(strings.Join(over, "; "))
+	}
+	return nil
 }
 
 // processors is how many of Go's processors a worker reading queues
@@ -488,7 +517,7 @@ func batchHooks(m *metrics.Metrics, stage, name string) queue.Hooks {
 }
 
 // dependencies are the names of checks, in the order they are reported.
-var dependencies = [...]string{"amqp", "redis", "rules"}
+var dependencies = [...]string{"amqp", "redis", "rules", "batches"}
 
 // check runs every dependency check, sets klaxon_dependency_up, and returns
 // one line per dependency and whether all answered.
@@ -505,8 +534,9 @@ func check(ctx context.Context, checks map[string]func(context.Context) error, m
 			report += name + ": ok\n"
 		}
 		// The rules' gauge follows each load (ruleCache): a failed load
-		// leaves the last good rules serving, ready but not up.
-		if name != "rules" {
+		// leaves the last good rules serving, ready but not up. Held
+		// batches are no dependency: klaxon_batch_held_seconds tells them.
+		if name != "rules" && name != "batches" {
 			m.Up.WithLabelValues(name).Set(boolFloat(err == nil))
 		}
 	}

@@ -61,6 +61,7 @@ const (
 	EnvBatchesInFlight = "KLAXON_BATCHES_IN_FLIGHT"
 	EnvBatchLinger     = "KLAXON_BATCH_LINGER"
 	EnvMaxHeldBytes    = "KLAXON_MAX_HELD_BYTES"
+	EnvMaxBatchHold    = "KLAXON_MAX_BATCH_HOLD"
 	EnvGroupsPerCall   = "KLAXON_REDIS_GROUPS_PER_CALL"
 	EnvDedupTTL        = "KLAXON_DEDUP_TTL"
 	EnvWaitReplicas    = "KLAXON_REDIS_WAIT_REPLICAS"
@@ -126,6 +127,7 @@ const (
 	defaultBatchesInFlight = 1
 	defaultBatchLinger     = 2 * time.Millisecond
 	maxBatchLinger         = 100 * time.Millisecond
+	defaultBatchHold       = time.Minute
 	defaultGroupsPerCall   = 32
 	defaultDedupTTL        = 10 * time.Minute
 	defaultWaitTimeout     = time.Second
@@ -193,6 +195,7 @@ func Variables() []Variable {
 		{EnvBatchesInFlight, "", strconv.Itoa(defaultBatchesInFlight), false, "batches of an incoming queue one worker handles at once (1-4): with more than 1 the others decode and match while one counts, in smaller batches: more Redis reads and writes of each group's state an event"},
 		{EnvBatchLinger, "", formatDuration(defaultBatchLinger), false, "how long a batch smaller than KLAXON_BATCH_SIZE waits for more events (0-100ms, 0: not at all): fewer Redis round trips an event, for that much latency"},
 		{EnvMaxHeldBytes, "", formatSize(defaultHeldBytes), false, "bytes of incoming messages a worker holds unacknowledged before it pauses consuming (1MiB-16GiB)"},
+		{EnvMaxBatchHold, "", formatDuration(defaultBatchHold), false, "how long a stage may hold a batch it retries after a failure before /readyz reports it"},
 		{EnvGroupsPerCall, "", strconv.Itoa(defaultGroupsPerCall), false, "(project, group)s counted in one Lua call on a single Redis node or Sentinel (1-1000; always 1 on Cluster); 1 behind a proxy that routes commands by key"},
 		{EnvDedupTTL, "", formatDuration(defaultDedupTTL), false, "how long a message's identity (message-id, else repetitionId) is remembered for de-duplication"},
 		{EnvRulesRefresh, "", formatDuration(defaultRefresh), false, "how often rules are reloaded from MongoDB or the file"},
@@ -264,6 +267,7 @@ type Config struct {
 	BatchesInFlight int           // KLAXON_BATCHES_IN_FLIGHT, 1..4
 	BatchLinger     time.Duration // KLAXON_BATCH_LINGER, 0..100ms; 0 = none
 	MaxHeldBytes    int64         // KLAXON_MAX_HELD_BYTES, of the incoming queue's consumer
+	MaxBatchHold    time.Duration // KLAXON_MAX_BATCH_HOLD, > 0
 	GroupsPerCall   int           // KLAXON_REDIS_GROUPS_PER_CALL, 1..1000
 	DedupTTL        time.Duration // KLAXON_DEDUP_TTL, > 0
 	WaitReplicas    int           // KLAXON_REDIS_WAIT_REPLICAS, 0..16; 0 = no WAIT
@@ -505,6 +509,7 @@ func Load(getenv func(string) string) (Config, error) {
 	c.BatchesInFlight = l.count(EnvBatchesInFlight, defaultBatchesInFlight, 1, 4)
 	c.BatchLinger = l.linger()
 	c.MaxHeldBytes = l.size(EnvMaxHeldBytes, defaultHeldBytes, 1<<20, 16<<30)
+	c.MaxBatchHold = l.duration(EnvMaxBatchHold, defaultBatchHold)
 	c.GroupsPerCall = l.groupsPerCall()
 	c.DedupTTL = l.duration(EnvDedupTTL, defaultDedupTTL)
 	c.WaitReplicas, c.WaitTimeout = l.wait(c.RedisURL)

@@ -53,6 +53,7 @@ func TestLoadDefaults(t *testing.T) {
 		WaitTimeout:       time.Second,
 		RulesRefresh:      5 * time.Second,
 		SendTimeout:       10 * time.Second,
+		MaxBatchHold:      time.Minute,
 		AllowPorts:        "80,443",
 		SlackHosts:        "hooks.slack.com/services/",
 		TelegramHookHosts: "notify.bot.codex.so",

@@ -43,6 +43,7 @@ func (c Config) attrs() []slog.Attr {
 		slog.Int("batches_in_flight", c.BatchesInFlight),
 		slog.Duration("batch_linger", c.BatchLinger),
 		slog.Int64("max_held_bytes", c.MaxHeldBytes),
+		slog.String("max_batch_hold", c.MaxBatchHold.String()),
 		slog.Int("redis_groups_per_call", c.GroupsPerCall),
 		slog.String("dedup_ttl", c.DedupTTL.String()), // JSON logs would show ns
 		slog.Int("redis_wait_replicas", c.WaitReplicas),

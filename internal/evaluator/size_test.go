@@ -16,10 +16,10 @@ import (
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
-// bigRules are n rules of one project on one webhook, each with 20
+// bigRules compiles n rules of one project on one webhook, each with 20
 // excluding words of 200 bytes, mostly '<': within every limit, but JSON
-// writes '<' as 6 bytes, so each firing's description is 24 KB.
-// The counter is to fire them all.
+// writes '<' as 6 bytes, so each firing's description is 24 KB. It
+// returns their ids for the counter to fire.
 func bigRules(t *testing.T, n int) (*store.Snapshot, map[string]bool) {
 	specs := make([]rules.Spec, n)
 	fire := make(map[string]bool, n)

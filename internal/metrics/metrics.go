@@ -45,6 +45,10 @@ type Metrics struct {
 	// Batches by stage and outcome (ok, error): a handler error holds the
 	// batch and retries it after a backoff.
 	Batches *prometheus.CounterVec
+	// BatchHeld is, by stage, how long the oldest batch the stage holds
+	// for a retry has been held (0 when none): a stage that cannot get
+	// past a batch shows a growing age (KLAXON_MAX_BATCH_HOLD).
+	BatchHeld *prometheus.GaugeVec
 	// Storms by outcome: started, over (its message published), dropped
 	// (its rule or window gone), error (a check that failed and is tried
 	// again).
@@ -114,6 +118,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		Batches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "klaxon_batches_total", Help: "Handled batches by stage and outcome.",
 		}, []string{"stage", "outcome"}),
+		BatchHeld: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "klaxon_batch_held_seconds", Help: "Age of the oldest batch a stage holds to retry it after a failure, 0 when none, by stage.",
+		}, []string{"stage"}),
 		Storms: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "klaxon_storms_total", Help: "Storms tracked for \"storm over\" messages, by outcome.",
 		}, []string{"outcome"}),
@@ -134,6 +141,6 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"dependency"}),
 	}
 	reg.MustRegister(m.Events, m.RulesEvaluated, m.Firings, m.Notifications, m.EndpointsUnopened, m.CircuitChanges, m.CircuitsOpen, m.DeliveryLatency,
-		m.EventLag, m.QueueDepth, m.Consuming, m.Batches, m.Storms, m.HeldBytes, m.ConsumerPauses, m.RuleLoads, m.RuleWarnings, m.Up)
+		m.EventLag, m.QueueDepth, m.Consuming, m.Batches, m.BatchHeld, m.Storms, m.HeldBytes, m.ConsumerPauses, m.RuleLoads, m.RuleWarnings, m.Up)
 	return m
 }

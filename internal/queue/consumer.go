@@ -89,6 +89,53 @@ type Consumer struct {
 	// held counts the batches held for a retry after a handler error, so
 	// that concurrent batches failing together warn once, not once each.
 	held atomic.Int64
+
+	heldMu sync.Mutex
+	holds  map[*Batch]*Hold // the batches held for a retry
+}
+
+// Hold is a batch that a Consumer holds to retry it after its handler
+// failed.
+type Hold struct {
+	Since    time.Time // when the handler was first called on it
+	Size     int       // its deliveries
+	Attempts int       // handler calls so far, all failed
+	Err      error     // the last one's error
+}
+
+// OldestHold returns the batch held the longest, and false when no batch
+// is held. A batch is held from its handler's first failure until a call
+// succeeds, or the channel that delivered it dies or the Consumer stops,
+// which give it back to the broker.
+func (c *Consumer) OldestHold() (Hold, bool) {
+	c.heldMu.Lock()
+	defer c.heldMu.Unlock()
+	var oldest *Hold
+	for _, h := range c.holds {
+		if oldest == nil || h.Since.Before(oldest.Since) {
+			oldest = h
+		}
+	}
+	if oldest == nil {
+		return Hold{}, false
+	}
+	return *oldest, true
+}
+
+// hold records b's failed attempt; release forgets b.
+func (c *Consumer) hold(b *Batch, since time.Time, attempt int, err error) {
+	c.heldMu.Lock()
+	defer c.heldMu.Unlock()
+	if c.holds == nil {
+		c.holds = make(map[*Batch]*Hold)
+	}
+	c.holds[b] = &Hold{Since: since, Size: len(b.Deliveries), Attempts: attempt, Err: err}
+}
+
+func (c *Consumer) release(b *Batch) {
+	c.heldMu.Lock()
+	defer c.heldMu.Unlock()
+	delete(c.holds, b)
 }
 
 // Handler processes a batch. Returning nil settles the batch: every delivery
@@ -449,12 +496,17 @@ func (c *Consumer) process(ctx, bctx context.Context, s *session, b *Batch, hand
 	defer func() {
 		if held {
 			c.held.Add(-1)
+			c.release(b)
 		}
 	}()
+	var first time.Time
 	for attempt := 1; ; attempt++ {
 		b.Attempt = attempt
 		clear(b.requeue)
 		start := time.Now()
+		if attempt == 1 {
+			first = start
+		}
 		err := handle(bctx, b)
 		res := BatchResult{Size: len(b.Deliveries), Attempt: attempt, Took: time.Since(start), Err: err}
 		if err == nil {
@@ -467,6 +519,7 @@ func (c *Consumer) process(ctx, bctx context.Context, s *session, b *Batch, hand
 		if err == nil {
 			if held {
 				held = false
+				c.release(b)
 				if c.held.Add(-1) == 0 {
 					c.log.Info("handler recovered", "attempts", attempt)
 				}
@@ -487,6 +540,7 @@ func (c *Consumer) process(ctx, bctx context.Context, s *session, b *Batch, hand
 			return nil // stopping: no retry
 		}
 		delay := c.cfg.Backoff.Delay(attempt)
+		c.hold(b, first, attempt, err)
 		lvl := slog.LevelDebug
 		if !held {
 			held = true

@@ -209,6 +209,38 @@ func TestHandlerErrorRetriesTheHeldBatch(t *testing.T) {
 	b.waitReady(q, 0, 5*time.Second)
 }
 
+// A batch held for retries is reported while it is held, from its first
+// attempt, with its attempts and last error, so that a stage that cannot
+// get past one batch can say so; once the handler succeeds nothing is.
+func TestOldestHoldReportsTheHeldBatch(t *testing.T) {
+	_, pub, q := declaredVia(t, "")
+	fill(t, pub, q, 5)
+	var fail atomic.Bool
+	fail.Store(true)
+	l := newLedger()
+	bo := queue.Backoff{Min: 20 * time.Millisecond, Max: 50 * time.Millisecond}
+	start := time.Now()
+	c, r := startConsumer(t, queue.ConsumerConfig{Queue: q, MaxBatch: 5, Backoff: bo}, func(_ context.Context, batch *queue.Batch) error {
+		if fail.Load() {
+			return errBoom
+		}
+		l.record(batch, func(int) bool { return false })
+		return nil
+	})
+	if !eventually(10*time.Second, func() bool { h, ok := c.OldestHold(); return ok && h.Attempts >= 3 }) {
+		t.Fatal("no batch reported held after failed attempts")
+	}
+	h, _ := c.OldestHold()
+	if !errors.Is(h.Err, errBoom) || h.Size == 0 || h.Since.Before(start) || h.Since.After(time.Now()) {
+		t.Errorf("held batch %+v", h)
+	}
+	fail.Store(false)
+	l.drainThenStop(t, r, 5)
+	if h, ok := c.OldestHold(); ok {
+		t.Errorf("a batch still reported held after it succeeded: %+v", h)
+	}
+}
+
 func TestGracefulStopLetsTheHandlerFinish(t *testing.T) {
 	b, pub, q := declaredVia(t, "")
 	const n = 300
