@@ -216,12 +216,14 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 // built again within it.
 func (e *Evaluator) publish(ctx context.Context, dead []queue.Message, evs []counter.Event, msgs []event.Message,
 	results []counter.Result, groups map[groupKey]events.Group, regs *regressions) error {
-	limit := wire.MaxJobBytes
-	if most := int(e.brokerMax.Load()); most > 0 {
-		limit = min(limit, most)
-	}
+	brokerMax := int(e.brokerMax.Load()) // 0: not known
 	for {
-		out := cutDeadLetters(dead, limit)
+		limit, out := wire.MaxJobBytes, dead
+		if brokerMax > 0 {
+			// Dead letters are the incoming messages as they came, which
+			// the broker took: only a broker set lower since refuses one.
+			limit, out = min(limit, brokerMax), cutDeadLetters(dead, brokerMax)
+		}
 		var big []tooBig
 		for i, res := range results {
 			jobs, b, err := e.jobs(&evs[i], &msgs[i], res, groups, regs, limit)
@@ -241,11 +243,12 @@ func (e *Evaluator) publish(ctx context.Context, dead []queue.Message, evs []cou
 			return nil
 		}
 		err := e.Publisher.Publish(ctx, out...)
-		if tl, ok := errors.AsType[*queue.TooLargeError](err); ok && tl.Max < limit {
+		if tl, ok := errors.AsType[*queue.TooLargeError](err); ok && (brokerMax == 0 || tl.Max < brokerMax) {
+			// Each try learns a smaller limit, or is the last.
+			brokerMax = tl.Max
 			e.brokerMax.Store(int64(tl.Max))
 			e.Log.Warn("the broker refused a message over its max_message_size: building messages within it",
-				"max_message_size", tl.Max, "was", limit)
-			limit = tl.Max
+				"max_message_size", tl.Max, "job_limit", min(wire.MaxJobBytes, tl.Max))
 			continue
 		}
 		if err != nil {

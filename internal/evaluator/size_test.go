@@ -179,28 +179,37 @@ func (p *tooLargePublisher) Publish(_ context.Context, msgs ...queue.Message) er
 
 // A broker whose max_message_size is below wire.MaxJobBytes refuses a
 // job within Klaxon's bound. Its refusal says its limit: the batch's jobs
-// are built again within it, this batch's and the next ones', and no
-// batch fails for it.
+// are built again within it, this batch's and the next ones', a dead
+// letter over it is cut to it, saying so, and no batch fails for it.
 func TestBrokerRefusalForSizeRebuildsJobsWithinItsLimit(t *testing.T) {
 	const n = 30
 	snap, fire := bigRules(t, n)
 	pub := &tooLargePublisher{max: 100 << 10}
 	e, _ := newEvaluator(snap, &fakeCounter{fire: fire}, pub)
+	poison := strings.Repeat("not JSON ", 15_000) // 135 KB: dead-lettered
 	for i, id := range []string{"m1", "m2"} {
 		pub.msgs = nil
 		if err := e.Handle(context.Background(), &queue.Batch{Deliveries: []queue.Delivery{
-			delivery(hawk(project, strings.Repeat("<", 1000), "g"+id, true), id)}}); err != nil {
+			delivery(hawk(project, strings.Repeat("<", 1000), "g"+id, true), id), delivery(poison, "p"+id)}}); err != nil {
 			t.Fatalf("batch %d: %v", i, err)
 		}
-		got := 0
+		got, dead := 0, 0
 		for _, msg := range pub.msgs {
 			if len(msg.Body) > pub.max {
-				t.Errorf("batch %d: a job of %d bytes", i, len(msg.Body))
+				t.Errorf("batch %d: a message of %d bytes", i, len(msg.Body))
+			}
+			if msg.RoutingKey == "events.dead" {
+				dead++
+				if reason := fmt.Sprint(msg.Headers[wire.ErrorHeader]); !strings.Contains(reason, "not a JSON object") ||
+					!strings.Contains(reason, fmt.Sprintf("body of %d bytes cut to the broker's max_message_size, %d", len(poison), pub.max)) {
+					t.Errorf("dead letter's reason %q", reason)
+				}
+				continue
 			}
 			got += len(firingsIn(t, msg))
 		}
-		if got != n {
-			t.Errorf("batch %d: %d firings published, want %d", i, got, n)
+		if got != n || dead != 1 {
+			t.Errorf("batch %d: %d firings and %d dead letters published, want %d and 1", i, got, dead, n)
 		}
 	}
 	if pub.refused != 1 {
