@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -121,5 +122,27 @@ func TestRulesCheckMongo(t *testing.T) {
 	}
 	if strings.Contains(r.stdout+r.stderr, "example.com") {
 		t.Errorf("an endpoint was printed:\n%s", r.stdout)
+	}
+}
+
+// TestRulesCheckOverlongEndpoint: a 3 MB webhook URL, which made every
+// firing of its rule a message the broker refuses, is reported with the
+// project, rule, channel, length and limit, and fails --strict; the URL
+// itself is not printed.
+func TestRulesCheckOverlongEndpoint(t *testing.T) {
+	url := "https://example.com/hook?k=" + strings.Repeat("s3cr3t", 500_000)
+	file := writeTemp(t, "rules.yml", `5e3eef0679fa3700a0198a49:
+  - id: huge-url
+    isEnabled: true
+    whatToReceive: ONLY_NEW
+    channels: {webhook: {isEnabled: true, endpoint: "`+url+`"}}
+`)
+	r := klaxon(t, nil, "rules", "check", "--strict", file)
+	want := fmt.Sprintf("warning: project 5e3eef0679fa3700a0198a49 rule huge-url: channel webhook: endpoint is %d bytes long, over the limit of 2048: left out", len(url))
+	if r.code != exitProblem || !strings.Contains(r.stdout, want) {
+		t.Errorf("exit %d, want 1 and %q:\n%.2000s", r.code, want, r.stdout)
+	}
+	if strings.Contains(r.stdout+r.stderr, "s3cr3ts3cr3t") {
+		t.Error("the endpoint was printed")
 	}
 }

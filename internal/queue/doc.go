@@ -68,6 +68,15 @@
 //     a publish to one of them comes back unroutable, so a queue deleted
 //     under a running worker heals on the caller's retry.
 //
+//   - A message over the broker's max_message_size closes the publishing
+//     channel (406 PRECONDITION_FAILED) and fails the confirms of the
+//     call's messages not yet confirmed. Publish reports it as a
+//     TooLargeError with the broker's limit, read from the reason: tried
+//     again, the same messages fail the same way, so the caller must make
+//     them smaller or set the big ones aside, not hold its batch. The
+//     Consumer keeps every batch it holds (OldestHold), so that a stage
+//     stuck on one can be reported.
+//
 //   - A consumer only looks at a queue that exists (a passive declare) and
 //     declares it only when it is missing. The incoming queue belongs to its
 //     producer as much as to Klaxon: Hawk's `notifier` is classic, an
