@@ -31,6 +31,7 @@ var labelValues = map[string][]string{
 	"klaxon_notifications_total/channel": rules.ChannelNames[:],
 	"klaxon_batches_total/stage":         {"evaluator", "deliverer"},
 	"klaxon_batches_total/outcome":       {"ok", "error"},
+	"klaxon_batch_held_seconds/stage":    {"evaluator", "deliverer"},
 	"klaxon_rule_loads_total/outcome":    {"ok", "error"},
 	"klaxon_storms_total/outcome":        {"started", "over", "dropped", "error"},
 	"klaxon_dependency_up/dependency":    {"amqp", "redis", "rules"},

@@ -489,10 +489,10 @@ func (e *Evaluator) traceEvent(ev *counter.Event, res *counter.Result) {
 
 // jobs turns the firings of one event into delivery jobs: one per
 // destination (a channel and an endpoint), carrying every rule's firing
-// that goes there (docs/contract.md §5.8), or several when that would be
-// over limit bytes (pack), and returns the firings too big for any job. A replayed firing (a redelivered
-// message) gets the same jobs again; the deliverer sends each firing once
-// per channel, whichever job carries it.
+// that goes there (docs/contract.md §5.8), or several when one would be
+// over limit bytes (pack); it returns the firings too big for any job. A
+// replayed firing (a redelivered message) gets the same jobs again; the
+// deliverer sends each firing once per channel, whichever job carries it.
 //
 // With Hawk's events database, a firing carries the group's history as the
 // batch read it; a firing of a derived rule is the regression of its rule,
