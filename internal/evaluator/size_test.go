@@ -20,7 +20,7 @@ import (
 // excluding words of 200 bytes, mostly '<': within every limit, but JSON
 // writes '<' as 6 bytes, so each firing's description is 24 KB. It
 // returns their ids for the counter to fire.
-func bigRules(t *testing.T, n int) (*store.Snapshot, map[string]bool) {
+func bigRules(t testing.TB, n int) (*store.Snapshot, map[string]bool) {
 	specs := make([]rules.Spec, n)
 	fire := make(map[string]bool, n)
 	for i := range specs {
@@ -216,3 +216,23 @@ func TestBrokerRefusalForSizeRebuildsJobsWithinItsLimit(t *testing.T) {
 		t.Errorf("the broker refused %d calls, want the first alone: the limit is kept", pub.refused)
 	}
 }
+
+// BenchmarkHandleSplitsBigFirings is the evaluator's cost for the event
+// whose 100 firings on one webhook are 3 MB of JSON, split into jobs of
+// at most wire.MaxJobBytes, with a publisher that does nothing:
+//
+//	go test -run '^$' -bench HandleSplitsBigFirings -benchmem ./internal/evaluator
+func BenchmarkHandleSplitsBigFirings(b *testing.B) {
+	snap, fire := bigRules(b, 100)
+	e, _ := newEvaluator(snap, &fakeCounter{fire: fire}, nopPublisher{})
+	body := []byte(hawk(project, strings.Repeat("<", 1000), "g1", true))
+	for b.Loop() {
+		if err := e.Handle(context.Background(), &queue.Batch{Deliveries: []queue.Delivery{{Body: body, MessageID: "m1"}}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+type nopPublisher struct{}
+
+func (nopPublisher) Publish(context.Context, ...queue.Message) error { return nil }
