@@ -140,6 +140,15 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		return err
 	}
 	defer pub.Close()
+	// The deliverer publishes on a connection of its own: a storm of jobs
+	// put back for their turn (hundreds at once, each a publish) must not
+	// make the evaluator's publishes wait behind them, nor the other way.
+	dpub, err := queue.NewPublisher(queue.PublisherConfig{URL: cfg.AMQPURL, ConnectionName: "klaxon-deliverer-publisher", MaxChannels: 512, MaxIdleChannels: 512,
+		QueueType: queue.Type(cfg.QueueType), Logger: log})
+	if err != nil {
+		return err
+	}
+	defer dpub.Close()
 
 	cache, closeRules, err := ruleCache(cfg, log, m)
 	if err != nil {
@@ -170,6 +179,9 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			defer reader.Close(context.Background())
 			groups = reader
 		}
+		// One per worker, shared by its evaluators: a project's share of
+		// the delivery queue is the worker's to count.
+		lanes := &evaluator.Lanes{Bulk: wire.BulkQueue(cfg.Prefix)}
 		// One consumer per incoming queue, each on its own connection: a
 		// queue deleted or refused holds up its own consumer only. And one
 		// evaluator per queue, sharing everything but the lock that lets
@@ -185,6 +197,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 				Groups:        groups,
 				DeadQueue:     wire.DeadQueue(cfg.Queue),
 				DeliveryQueue: wire.DeliveryQueue(cfg.Prefix),
+				Lanes:         lanes,
 				EventURL:      cfg.EventURL,
 				Keys:          cfg.EndpointKeys(),
 				Log:           log.With("stage", "evaluator"),
@@ -210,29 +223,41 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 
 	// The delivery queues exist whatever the role: evaluators publish to them.
-	chans, err := channels.Build(cfg, deliverPrefetch)
+	chans, err := channels.Build(cfg, cfg.MaxSendsPerHost)
 	if err != nil {
 		return err
 	}
 	deadBounds := queue.Bounds{MaxMessages: cfg.DeadMaxMessages, MaxBytes: cfg.DeadMaxBytes}
 	dlv := deliverer.New(deliverer.Config{Prefix: cfg.Prefix, Queue: wire.DeliveryQueue(cfg.Prefix), SendTimeout: cfg.SendTimeout,
 		FailedBounds: deadBounds, DigestMaxFirings: cfg.DigestMaxFirings, DigestMaxBytes: cfg.DigestMaxBytes,
-		MaxSendsPerDestination: cfg.MaxSendsPerDestination, MaxSendsPerProject: cfg.MaxSendsPerProject,
+		MaxSends: cfg.MaxSends, MaxSendsPerHost: cfg.MaxSendsPerHost, MaxSendsPerProject: cfg.MaxSendsPerProject,
 		CircuitTimeouts: cfg.CircuitTimeouts, CircuitOpen: cfg.CircuitOpen,
 		WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout, Keys: cfg.EndpointKeys(),
-		Redis: rdb, Publisher: pub, Channels: chans, Logger: log.With("stage", "deliverer"), Metrics: m})
+		Redis: rdb, Publisher: dpub, Channels: chans, Logger: log.With("stage", "deliverer"), Metrics: m})
 	if cfg.Role.Delivers() {
-		c, err := queue.NewConsumer(queue.ConsumerConfig{
-			URL: cfg.AMQPURL, Queue: dlv.Queue(), QueueType: queue.Type(cfg.QueueType), ConnectionName: "klaxon-deliverer",
-			Prefetch: deliverPrefetch, MaxBatch: deliverBatch, Concurrency: deliverConcurrency,
-			Logger: log.With("stage", "deliverer"), Hooks: batchHooks(m, "deliverer", dlv.Queue()),
-		})
-		if err != nil {
-			return err
+		// The main lane and the bulk lane (evaluator.Lanes) each have half
+		// of the jobs a worker works on: a flood in the bulk lane never
+		// holds the main lane's jobs back.
+		main, bulk := dlv.Queues()
+		var lanes []*queue.Consumer
+		for _, q := range []string{main, bulk} {
+			c, err := queue.NewConsumer(queue.ConsumerConfig{
+				URL: cfg.AMQPURL, Queue: q, QueueType: queue.Type(cfg.QueueType), ConnectionName: "klaxon-deliverer " + q,
+				Prefetch: cfg.MaxSends / 2, MaxBatch: 1, Concurrency: cfg.MaxSends / 2, MaxHeldBytes: cfg.MaxHeldBytes / 2,
+				Logger: log.With("stage", "deliverer"), Hooks: batchHooks(m, "deliverer", q),
+			})
+			if err != nil {
+				return err
+			}
+			consumers = append(consumers, consumer{q, c})
+			lanes = append(lanes, c)
 		}
-		consumers = append(consumers, consumer{dlv.Queue(), c})
 		work = append(work, func(ctx context.Context) error {
-			err := c.Consume(ctx, dlv.Handle)
+			var tasks []func(context.Context) error
+			for _, c := range lanes {
+				tasks = append(tasks, func(ctx context.Context) error { return c.Consume(ctx, dlv.Handle) })
+			}
+			err := runAll(ctx, tasks)
 			// Sends whose outcome Redis refused are known only to this
 			// process: record them before it goes.
 			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), flushTimeout)
@@ -299,7 +324,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 				}
 			}
 		}
-		if err := dlv.Declare(ctx, pub); err != nil {
+		if err := dlv.Declare(ctx, dpub); err != nil {
 			return err
 		}
 		log.Info("klaxon running", "role", cfg.Role, "queues", consumedQueues(cfg), "http", ln.Addr().String(), "channels", channelNames(chans))
@@ -309,7 +334,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		func(ctx context.Context) error { return serve(ctx, srv, ln, log) },
 		func(ctx context.Context) error { return watch(ctx, checks, m, log) },
 		func(ctx context.Context) error {
-			return depths(ctx, pub, append(consumedQueues(cfg), wire.DeliveryQueue(cfg.Prefix)), m)
+			return depths(ctx, pub, append(consumedQueues(cfg), wire.DeliveryQueue(cfg.Prefix), wire.BulkQueue(cfg.Prefix)), m)
 		},
 		start,
 	})
@@ -355,43 +380,29 @@ func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
 // inside the 10 s a stop may take.
 const flushTimeout = 5 * time.Second
 
-func deliveryQueue(cfg config.Config) string { return cfg.Prefix + ".deliveries" }
-
-// How the deliverer consumes its queue. The prefetch bounds the delivery
-// jobs one worker holds unacked (docs/configuration.md), and with them the
-// sends under way at once. Within it, every job is a batch of its own,
-// handled and acked on its own, up to the whole prefetch at once.
-//
-// Deliverer.Handle returns only when every job of its batch is done, each
-// bounded by KLAXON_SEND_TIMEOUT. A provider that hangs therefore holds the
-// slot of each batch that has one of its jobs, for up to that timeout, and
-// the jobs behind wait for a free slot. Jobs gain nothing from sharing a
-// batch (each has its own claim, send and record in Redis), so the smallest
-// batch isolates best: a hung job pins itself, not seven healthy neighbours.
-// Say a tenth of the jobs go to a provider that stopped answering: with
-// batches of 8 in 8 slots, 57% of the batches hang and about 110 jobs get
-// through per timeout; with 64 batches of 1, about 640 do (before: 64). Only
-// when all 64 jobs held hang does delivery wait, as under any bound on held
-// jobs. The cost, an ack frame and a handler call per job, is nothing next
-// to a send.
-const (
-	deliverPrefetch    = 64
-	deliverBatch       = 1
-	deliverConcurrency = deliverPrefetch
-)
+// How the deliverer consumes its queue: every job is a batch of its own,
+// handled and acked on its own, up to KLAXON_MAX_SENDS of them at once,
+// each on its own goroutine. A hung send then pins its own job and
+// nothing else: what bounds the jobs one host, project or channel may hold
+// is the deliverer's budgets, shares of that total, not the prefetch. Jobs
+// gain nothing from sharing a batch (each has its own claim, send and
+// record in Redis); the cost, an ack frame and a handler call per job, is
+// nothing next to a send.
 
 // redisPoolSize is how many Redis connections a worker may need at once
-// (each a cluster node's, on a cluster): one for each delivery job in
-// flight, which holds one while it claims or records (with its WAIT, when
-// KLAXON_REDIS_WAIT_REPLICAS asks for one), one for each batch of each
-// incoming queue, and ten for the rest (storms, the limiter, readiness
-// probes). go-redis' own default, ten per Go processor, gave a worker on
-// one processor ten for its 64 delivery jobs: a burst of sends queued for
-// connections before recording, and a kill then repeated more of them.
-// Connections are opened only when needed.
+// (each a cluster node's, on a cluster): one for each batch of each
+// incoming queue, deliveryConns for the delivery jobs, which hold one only
+// while they claim or record (a hung send holds none), and ten for the
+// rest (storms, the limiter, readiness probes). go-redis' own default, ten
+// per Go processor, gave a worker on one processor ten for its delivery
+// jobs: a burst of sends queued for connections before recording, and a
+// kill then repeated more of them. Connections are opened only when needed.
 func redisPoolSize(queues, batchesInFlight int) int {
-	return deliverConcurrency + queues*max(batchesInFlight, 1) + 10
+	return deliveryConns + queues*max(batchesInFlight, 1) + 10
 }
+
+// deliveryConns is the Redis connections the delivery jobs share.
+const deliveryConns = 128
 
 // ruleCache builds the rule source of cfg and a cache in front of it.
 func ruleCache(cfg config.Config, log *slog.Logger, m *metrics.Metrics) (*store.Cache, func(), error) {

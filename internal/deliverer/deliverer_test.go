@@ -90,7 +90,7 @@ func startDelivererWith(t *testing.T, cfg Config, channels map[string]notify.Cha
 	if err := d.Declare(ctx, pub); err != nil {
 		t.Fatal(err)
 	}
-	names := []string{d.Queue(), d.cfg.FailedQueue}
+	names := []string{d.Queue(), d.cfg.BulkQueue, d.cfg.FailedQueue}
 	for _, delay := range delays {
 		names = append(names, d.delayQueue(delay))
 	}

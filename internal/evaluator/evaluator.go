@@ -79,6 +79,9 @@ type Evaluator struct {
 	DeadQueue string
 	// DeliveryQueue receives, per event, one job per destination.
 	DeliveryQueue string
+	// Lanes, when set, send a project's jobs past its share of the
+	// delivery queue to the bulk lane (lanes.go).
+	Lanes *Lanes
 	// EventURL is the template of the link to an event that messages
 	// carry, with {projectId} and {groupHash} (KLAXON_EVENT_URL); "" for
 	// none.
@@ -195,6 +198,7 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 			if err != nil {
 				return err
 			}
+			e.Lanes.route(events[i].ProjectID, e.DeliveryQueue, jobs)
 			out = append(out, jobs...)
 		}
 	}

@@ -69,6 +69,7 @@ type Config struct {
 type Notifier struct {
 	token      string
 	endpoint   string // tgbotapi's format: {api}/bot%s/%s
+	apiHost    string // the Bot API's host[:port]
 	client     *http.Client
 	hookClient *http.Client
 	hookHosts  []netguard.Pattern
@@ -76,6 +77,15 @@ type Notifier struct {
 }
 
 var _ notify.Channel = (*Notifier)(nil)
+
+// Host is the server a send to endpoint goes through: the Bot API's for a
+// chat, "" for a hook URL (its own host).
+func (n *Notifier) Host(endpoint string) string {
+	if IsHook(endpoint) {
+		return ""
+	}
+	return n.apiHost
+}
 
 // New checks cfg and returns a Notifier. It makes no request: tgbotapi's
 // constructors call getMe, which would make start-up depend on Telegram, so
@@ -89,6 +99,10 @@ func New(cfg Config) (*Notifier, error) {
 		api = DefaultAPIURL
 	}
 	if err := notify.CheckURL(Name, api); err != nil {
+		return nil, fmt.Errorf("telegram: API URL: %w", err)
+	}
+	u, err := url.Parse(api)
+	if err != nil {
 		return nil, fmt.Errorf("telegram: API URL: %w", err)
 	}
 	client := cfg.Client
@@ -113,6 +127,7 @@ func New(cfg Config) (*Notifier, error) {
 		token:   cfg.Token,
 		// A % in the base URL would read as a verb of tgbotapi's format.
 		endpoint:   strings.ReplaceAll(api, "%", "%%") + "/bot%s/%s",
+		apiHost:    u.Host,
 		client:     client,
 		hookClient: hookClient,
 		hookHosts:  cfg.HookHosts,
