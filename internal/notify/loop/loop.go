@@ -164,9 +164,10 @@ func link(url, sep string) string {
 }
 
 // code shows s as typed in an inline code span. A span cannot hold a
-// backtick or a line break: those become a look-alike (ˋ) and a space.
+// backtick or a line break: those become a look-alike (ˋ) and a space
+// (every line break, as notify.OneLine has it).
 func code(s string) string {
-	return "`" + strings.NewReplacer("`", "ˋ", "\r\n", " ", "\n", " ", "\r", " ").Replace(s) + "`"
+	return "`" + strings.ReplaceAll(notify.OneLine(s), "`", "ˋ") + "`"
 }
 
 // fence shows lines as typed in a fenced code block; a backtick becomes a
