@@ -433,6 +433,15 @@ func OneLine(s string) string {
 	}, s))
 }
 
+// Unmention puts a zero-width space after every @ in s, so that no chat
+// reads a mention (@channel, @all, @here, @someone) in text that came from
+// an event or a rule: Mattermost and Loop notify on such a word anywhere in
+// a post, a backslash before it included; Telegram notifies the member of a
+// group an @username names; Slack links names when a webhook parses them.
+// The text reads the same. Channels apply it last, after OneLine, which
+// would drop the zero-width space.
+func Unmention(s string) string { return strings.ReplaceAll(s, "@", "@\u200B") }
+
 // Truncate shortens s to at most n runes, ending with "…" when cut. Cut
 // before escaping, so no entity is split.
 func Truncate(s string, n int) string {

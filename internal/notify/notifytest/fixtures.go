@@ -69,7 +69,8 @@ func Hostile(firedAt time.Time) []*notify.Message {
 
 // Inert reports what in text, a channel's rendering of a Hostile message,
 // a chat could read as a mention or a line of its own: an @ directly
-// before a name, "<!" or "<@" (Slack's mention syntax, unescaped), and the
+// before a name, "<!" or "<@" before one (Slack's mention syntax,
+// unescaped, which Mattermost reads too), and the
 // Unicode line breaks other than \n (U+2028, U+2029, U+0085, U+000B,
 // U+000C). It returns nil when there is none.
 func Inert(text string) []string {
@@ -85,4 +86,4 @@ func Inert(text string) []string {
 	return found
 }
 
-var mention = regexp.MustCompile(`@[\p{L}\p{N}_.\-]+|<[!@][^>]*`)
+var mention = regexp.MustCompile(`@[\p{L}\p{N}_.\-]+|<[!@][\p{L}\p{N}^]+`)

@@ -211,9 +211,12 @@ func code(title string) string {
 }
 
 // escape replaces the three characters Slack treats as control characters
-// (&, <, >) with HTML entities, as Slack requires; nothing else is escaped.
+// (&, <, >) with HTML entities, as Slack requires, so no <!channel>,
+// <!here> or <@U…> mention is left; and it follows every @ with a
+// zero-width space (notify.Unmention), so a bare @channel mentions no one
+// even where a webhook parses names.
 func escape(s string) string {
-	s = strings.ReplaceAll(s, "&", "&amp;")
+	s = notify.Unmention(strings.ReplaceAll(s, "&", "&amp;"))
 	s = strings.ReplaceAll(s, "<", "&lt;")
 	return strings.ReplaceAll(s, ">", "&gt;")
 }

@@ -380,3 +380,22 @@ func TestGroupedNamesEveryRule(t *testing.T) {
 		t.Errorf("the title is not shown once, escaped, or the text %q does not say how many rules fired:\n%s", r.Text, all)
 	}
 }
+
+// Nothing from an event or a rule can mention anyone: <!channel> and
+// <@U…> are escaped, and a bare @channel, which Slack links when a
+// workspace's webhook parses names, is broken by a zero-width space. Nor
+// can it start a line with U+2028.
+func TestUserTextMentionsNoOne(t *testing.T) {
+	for _, m := range notifytest.Hostile(firedAt) {
+		srv := notifytest.NewSlackServer(t)
+		if _, err := slack.New(nil).Notify(t.Context(), srv.URL, m); err != nil {
+			t.Fatal(err)
+		}
+		r := onlyRequest(t, srv)
+		for _, text := range append(blockTexts(r), r.Text) {
+			if bad := notifytest.Inert(text); bad != nil {
+				t.Errorf("message %s: %q in\n%s", m.ID, bad, text)
+			}
+		}
+	}
+}
