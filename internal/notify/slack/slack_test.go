@@ -297,6 +297,18 @@ func TestEndpointOutsideSlackHostsRefused(t *testing.T) {
 	if len(srv.Requests()) != 0 {
 		t.Errorf("the server got %d requests", len(srv.Requests()))
 	}
+	// A path that starts with the prefix but leads out of it with a dot
+	// segment is refused: the server would resolve it to /admin/.
+	n.Hosts, _ = netguard.ParsePatterns("127.0.0.1/services/")
+	for _, path := range []string{"/services/../admin/x", "/services/%2e%2e/admin/x"} {
+		if retry, err := n.Notify(context.Background(), srv.URL+path, single(threshold("n-1", "A"))); retry || !netguard.IsRefused(err) ||
+			!strings.Contains(err.Error(), "KLAXON_SLACK_HOSTS") {
+			t.Errorf("%s: Notify = %t, %v; want a permanent refusal naming KLAXON_SLACK_HOSTS", path, retry, err)
+		}
+	}
+	if len(srv.Requests()) != 0 {
+		t.Errorf("the server got %d requests", len(srv.Requests()))
+	}
 	// The same server, once its host is a pattern, gets the message.
 	local, _ := netguard.ParsePatterns("127.0.0.1")
 	n.Hosts = local
