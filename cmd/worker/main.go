@@ -122,6 +122,15 @@ const stopDeadline = 9500 * time.Millisecond
 // run wires the worker from cfg and runs it until ctx is cancelled.
 func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	log.Info("klaxon starting", "config", cfg)
+	if cfg.EndpointKey == "" {
+		// Said once, at start: an operator who never read the setting's
+		// documentation learns that the queues and Redis hold secrets.
+		log.Warn("endpoints are kept in clear: "+config.EnvEndpointKey+" is unset",
+			"setting", config.EnvEndpointKey,
+			"holds", "the endpoints of rules: webhook, Slack and Loop URLs with their tokens, Telegram chat ids, email addresses",
+			"where", "delivery jobs, retry and failed queues in RabbitMQ; pending digests and storms in Redis",
+			"fix", "set "+config.EnvEndpointKey+" to a base64 key of 32 bytes to seal them")
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)

@@ -351,12 +351,16 @@ func link(url, sep string) string {
 	if url == "" {
 		return ""
 	}
-	return sep + `<a href="` + strings.ReplaceAll(escape(url), `"`, "&quot;") + `">` + notify.ViewEvent + "</a>"
+	return sep + `<a href="` + strings.ReplaceAll(html(url), `"`, "&quot;") + `">` + notify.ViewEvent + "</a>"
 }
 
-// escape makes s literal text in Telegram's HTML parse mode: <, > and &
-// are the characters it reserves.
-func escape(s string) string {
+// escape makes s literal text in Telegram's HTML parse mode (html), in
+// which no @username notifies anyone (notify.Unmention).
+func escape(s string) string { return notify.Unmention(html(s)) }
+
+// html escapes <, > and &, the characters Telegram's HTML parse mode
+// reserves.
+func html(s string) string {
 	s = strings.ReplaceAll(s, "&", "&amp;")
 	s = strings.ReplaceAll(s, "<", "&lt;")
 	return strings.ReplaceAll(s, ">", "&gt;")
