@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"net"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/klaxonhq/klaxon/internal/config"
+	"github.com/klaxonhq/klaxon/internal/store"
 )
 
 // The README's "Your first rule" is what a new user runs first, so it must
@@ -73,22 +75,54 @@ func readTutorial(t *testing.T) tutorial {
 	return tu
 }
 
-// The README shows the rules file whole; the test runs the file itself, so
-// the two must be the same text.
-func TestREADMEShowsTheFirstRuleFileAsItIs(t *testing.T) {
-	readme, err := os.ReadFile(readmePath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	file, err := os.ReadFile(firstRulePath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Contains(readme, []byte("```yaml\n"+string(file)+"```\n")) {
-		t.Errorf("README.md does not show %s as it is, in a ```yaml block: copy the file into it again", firstRulePath)
+// Pages that show an example rules file show it whole, and the tests load
+// the file itself: the copy on the page must be the same text.
+func TestDocsShowExampleFilesAsTheyAre(t *testing.T) {
+	for page, example := range map[string]string{
+		readmePath:            firstRulePath,
+		"../../docs/rules.md": "../../docs/examples/database-storm.yml",
+	} {
+		doc, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		file, err := os.ReadFile(example)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(doc, []byte("```yaml\n"+string(file)+"```\n")) {
+			t.Errorf("%s does not show %s as it is, in a ```yaml block: copy the file into it again", page, example)
+		}
 	}
 	if tu := readTutorial(t); filepath.Clean(filepath.Join(repoRoot, tu.env[config.EnvRulesFile])) != filepath.Clean(firstRulePath) {
 		t.Errorf("the README's worker reads %s=%s, not docs/examples/first-rule.yml", config.EnvRulesFile, tu.env[config.EnvRulesFile])
+	}
+}
+
+// Every example rules file loads as the worker loads it, without a
+// warning: an example that only half works teaches the wrong thing.
+func TestExampleRulesLoadWithoutProblems(t *testing.T) {
+	cfg, err := config.Load(func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := filepath.Glob("../../docs/examples/*.yml")
+	if err != nil || len(files) < 2 {
+		t.Fatalf("example rules files: %v %v", files, err)
+	}
+	for _, f := range files {
+		specs, err := store.NewFileSource(f).Load(context.Background())
+		if err != nil {
+			t.Errorf("%s: %v", f, err)
+			continue
+		}
+		snap := store.CompileWithin(specs, time.Now(), cfg.Limits)
+		if p := snap.Problems(); len(p) > 0 {
+			t.Errorf("%s: %+v", f, p)
+		}
+		if len(specs.Projects) == 0 {
+			t.Errorf("%s: no project", f)
+		}
 	}
 }
 
