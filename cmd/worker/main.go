@@ -370,7 +370,7 @@ func deliveryQueue(cfg config.Config) string { return cfg.Prefix + ".deliveries"
 // batch isolates best: a hung job pins itself, not seven healthy neighbours.
 // Say a tenth of the jobs go to a provider that stopped answering: with
 // batches of 8 in 8 slots, 57% of the batches hang and about 110 jobs get
-// through per timeout; with 64 batches of 1, about 640 do (before: 64). Only
+// through per timeout; with 64 batches of 1, about 640 do. Only
 // when all 64 jobs held hang does delivery wait, as under any bound on held
 // jobs. The cost, an ack frame and a handler call per job, is nothing next
 // to a send.
