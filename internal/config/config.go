@@ -153,11 +153,9 @@ const (
 	defaultSends        = 1024
 	defaultSendsPerHost = 16
 	defaultSendsPerProj = 32
-	// aliasMaxSendsPerHost is the setting's name from when its budget was
-	// one endpoint's: still read, for the host's.
-	aliasMaxSendsPerHost = "KLAXON_MAX_SENDS_PER_DESTINATION"
-	defaultCircuitTrips  = 5
-	defaultCircuitOpen   = 30 * time.Second
+
+	defaultCircuitTrips = 5
+	defaultCircuitOpen  = 30 * time.Second
 )
 
 // Variable describes one environment variable Load reads.
@@ -225,7 +223,7 @@ func Variables() []Variable {
 		{EnvMaxEmailRecipients, "", strconv.Itoa(rules.DefaultEmailRecipients), false, "addresses an email endpoint may name"},
 		{EnvEventURL, "", defaultEventURL, false, "link to an event in messages, with {projectId} and {groupHash}; none leaves it out"},
 		{EnvMaxSends, "", strconv.Itoa(defaultSends), false, "delivery jobs one worker works on at once, sends in flight included (16-65535); one channel may take half"},
-		{EnvMaxSendsPerHost, aliasMaxSendsPerHost, strconv.Itoa(defaultSendsPerHost), false, "sends one host (host:port of an endpoint, the SMTP server, the Bot API) may have in flight in a worker (1-4096); four times that per resolved address"},
+		{EnvMaxSendsPerHost, "", strconv.Itoa(defaultSendsPerHost), false, "sends one host (host:port of an endpoint, the SMTP server, the Bot API) may have in flight in a worker (1-4096); four times that per resolved address"},
 		{EnvMaxSendsPerProject, "", strconv.Itoa(defaultSendsPerProj), false, "sends one project may have in flight in a worker (1-4096)"},
 		{EnvCircuitTimeouts, "", strconv.Itoa(defaultCircuitTrips), false, "consecutive timeouts that open a destination's circuit (1-1000)"},
 		{EnvCircuitOpen, "", formatDuration(defaultCircuitOpen), false, "how long an open circuit keeps a destination's jobs waiting before one send probes it"},
@@ -528,7 +526,7 @@ func Load(getenv func(string) string) (Config, error) {
 	c.TelegramAllowedChats = l.chats()
 	c.EventURL = l.eventURL()
 	c.MaxSends = l.count(EnvMaxSends, defaultSends, 16, 65535)
-	c.MaxSendsPerHost = l.countVia(EnvMaxSendsPerHost, aliasMaxSendsPerHost, defaultSendsPerHost, 1, 4096)
+	c.MaxSendsPerHost = l.count(EnvMaxSendsPerHost, defaultSendsPerHost, 1, 4096)
 	c.MaxSendsPerProject = l.count(EnvMaxSendsPerProject, defaultSendsPerProj, 1, 4096)
 	c.CircuitTimeouts = l.count(EnvCircuitTimeouts, defaultCircuitTrips, 1, 1000)
 	c.CircuitOpen = l.duration(EnvCircuitOpen, defaultCircuitOpen)
@@ -1032,12 +1030,7 @@ func (l *loader) linger() time.Duration {
 }
 
 func (l *loader) count(name string, def, lo, hi int) int {
-	return l.countVia(name, "", def, lo, hi)
-}
-
-// countVia is count, falling back to alias.
-func (l *loader) countVia(name, alias string, def, lo, hi int) int {
-	s := l.lookup(name, alias, false)
+	s := l.lookup(name, "", false)
 	if !s.set() {
 		return def
 	}

@@ -152,7 +152,7 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 		}
 		// One pass over the title for all of the project's words: a
 		// project's filters cannot make its events cost more than their
-		// titles' length (issue 11).
+		// titles' length.
 		first := len(matched)
 		matched = matcher.Match(m.Event.Title, m.Event.IsNew, matched)
 		if known && g.Resolved != 0 && !m.Event.IsNew {
@@ -479,7 +479,7 @@ func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result
 		job := wire.Job{Channel: dest.channel, Endpoint: e.Keys.Seal(dest.endpoint, ev.ProjectID, dest.channel),
 			ProjectID: ev.ProjectID, Firings: to[dest]}
 		if len(job.Firings) == 1 {
-			// One rule: the job of a single firing, as before grouping.
+			// One rule: the job of a single firing, without a firings list.
 			f := job.Firings[0]
 			job.RuleID, job.MinPeriod, job.Notification, job.Firings = f.RuleID, f.MinPeriod, f.Notification, nil
 		}

@@ -404,7 +404,7 @@ func TestChatAllowlist(t *testing.T) {
 		t.Errorf("Telegram got sendMessage for chats %q, want the 3 allowed only", sent)
 	}
 
-	// Without an allowlist, any chat, as before.
+	// Without an allowlist, any chat the bot is in.
 	if _, err := newNotifier(t, srv.URL).Notify(context.Background(), "-1009999999", single(threshold("n-3", "A"))); err != nil {
 		t.Errorf("no allowlist: %v", err)
 	}
