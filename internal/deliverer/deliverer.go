@@ -258,8 +258,13 @@ func (d *Deliverer) Declare(ctx context.Context, q Declarer) error {
 	if err := q.Declare(ctx, d.cfg.FailedQueue, d.cfg.FailedBounds.Args()); err != nil {
 		return fmt.Errorf("declare %s: %w", d.cfg.FailedQueue, err)
 	}
+	// What comes back from the retry queues (retries, turns at a
+	// provider's pace, jobs put back by a full budget or an open circuit)
+	// comes back in the bulk lane: the main lane carries only first tries
+	// within their project's share. Retry queues made by an earlier
+	// version, which lead to the main lane, are used as they are.
 	for _, delay := range delays {
-		if err := q.DeclareDelay(ctx, d.delayQueue(delay), d.cfg.Queue, delay); err != nil {
+		if err := q.DeclareDelay(ctx, d.delayQueue(delay), d.cfg.BulkQueue, delay); err != nil {
 			return fmt.Errorf("declare retry queue: %w", err)
 		}
 	}
@@ -303,8 +308,9 @@ func (d *Deliverer) handle(ctx context.Context, dl queue.Delivery) error {
 	case job.Notification == nil && len(job.Firings) == 0:
 		return d.deliverDigest(ctx, &job, token)
 	}
-	if full, wait := d.crowded(ctx, &job); full != "" {
-		return d.deferJob(ctx, &job, full, wait)
+	// A job parked past Keep goes on, to fail for good.
+	if why, wait := d.keptAway(ctx, &job); why != "" && (why != "circuit" || !d.jobTooOld(&job)) {
+		return d.putBack(ctx, &job, why, wait)
 	}
 	if len(job.Firings) > 0 {
 		return d.deliverGroup(ctx, &job, token)
@@ -312,15 +318,43 @@ func (d *Deliverer) handle(ctx context.Context, dl queue.Delivery) error {
 	return d.deliver(ctx, &job, token)
 }
 
-// crowded reports which budget a firing job would find full, and for how
-// long to keep it away, "" when none is: a job that would only be turned
-// away is put back before it costs a claim and a release in Redis.
-func (d *Deliverer) crowded(ctx context.Context, job *wire.Job) (string, time.Duration) {
+// keptAway reports what would keep a firing job from being sent now, and
+// for how long: its host's open circuit ("circuit") or a full budget (its
+// name, budgets.go); "" when nothing would. A job that would only be
+// turned away is put back before it costs a claim and a release in Redis.
+func (d *Deliverer) keptAway(ctx context.Context, job *wire.Job) (string, time.Duration) {
 	endpoint, err := d.cfg.Keys.Open(job.Endpoint, job.ProjectID, job.Channel)
 	if err != nil {
 		return "", 0 // send fails it, with the reason
 	}
-	return d.budgets.crowded(d.target(ctx, job, endpoint), d.now())
+	t := d.target(ctx, job, endpoint)
+	if wait := d.budgets.blocked(t.host, d.now()); wait > 0 {
+		return "circuit", wait
+	}
+	return d.budgets.crowded(t, d.now())
+}
+
+// putBack puts back a job that keptAway kept away, spending no attempt.
+func (d *Deliverer) putBack(ctx context.Context, job *wire.Job, why string, wait time.Duration) error {
+	if why != "circuit" {
+		return d.deferJob(ctx, job, why, wait)
+	}
+	d.metrics.Notifications.WithLabelValues(job.Channel, "parked").Inc()
+	next := *job
+	next.Paced, next.NotBefore = false, time.Time{}
+	return d.schedule(ctx, &next, wait, true)
+}
+
+// jobTooOld reports whether a firing job carries a firing older than Keep.
+func (d *Deliverer) jobTooOld(job *wire.Job) bool {
+	var ns []notify.Notification
+	if job.Notification != nil {
+		ns = append(ns, *job.Notification)
+	}
+	for _, f := range job.Firings {
+		ns = append(ns, *f.Notification)
+	}
+	return d.tooOld(&notify.Message{Notifications: ns})
 }
 
 // deferJob puts back a job that was not tried, to come again after wait,

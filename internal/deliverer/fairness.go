@@ -21,8 +21,8 @@ const (
 )
 
 // errCircuitOpen is the failure of an attempt that a host's open circuit
-// kept from being made: the host timed out again and again,
-// and this attempt counts as one more timeout, retried after wait.
+// kept from being made: the host timed out again and again, and the job
+// is parked until the circuit lets a send through (Deliverer.park).
 type errCircuitOpen struct{ wait time.Duration }
 
 func (e *errCircuitOpen) Error() string {

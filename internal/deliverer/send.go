@@ -240,6 +240,9 @@ func (d *Deliverer) settle(ctx context.Context, job *wire.Job, keys []string, ms
 		// and comes again, is sent again.
 		return false, ctx.Err()
 	}
+	if _, parked := errors.AsType[*errCircuitOpen](o.err); parked && !d.tooOld(msg) {
+		return false, d.park(ctx, job, keys, o, log)
+	}
 	if o.kind == outcomeRetry && job.Attempt+1 < d.cfg.MaxAttempts {
 		return false, d.retry(ctx, job, keys, o, log)
 	}
@@ -287,15 +290,38 @@ func (d *Deliverer) retry(ctx context.Context, job *wire.Job, keys []string, o o
 	if longest := delays[len(delays)-1]; delay > longest {
 		next.NotBefore = d.now().Add(delay)
 	}
-	if _, parked := errors.AsType[*errCircuitOpen](o.err); parked {
-		// Logged once, when the circuit opened, not once a job.
-		log.Debug("notification parked, will retry", "error", o.err, "retry_in", delay.String())
-		d.metrics.Notifications.WithLabelValues(job.Channel, "parked").Inc()
-	} else {
-		log.Warn("notification failed, will retry", "error", o.err, "retry_in", delay.String())
-		d.metrics.Notifications.WithLabelValues(job.Channel, "retried").Inc()
-	}
+	log.Warn("notification failed, will retry", "error", o.err, "retry_in", delay.String())
+	d.metrics.Notifications.WithLabelValues(job.Channel, "retried").Inc()
 	return d.schedule(ctx, &next, delay, true)
+}
+
+// park puts back a job that its host's open circuit kept from being sent,
+// until the circuit lets a send through. The circuit says nothing of the
+// job, only of its host: it spends no attempt and no backoff, so that a
+// provider down for an hour loses nothing and its messages go out as soon
+// as a probe finds it answering. Only a job parked past Keep fails, since
+// past it a "sent" record may be gone and the message could go twice.
+func (d *Deliverer) park(ctx context.Context, job *wire.Job, keys []string, o outcome, log *slog.Logger) error {
+	if err := d.release(ctx, keys...); err != nil {
+		return err
+	}
+	next := *job
+	next.Paced = false
+	next.NotBefore = time.Time{}
+	// Logged once, when the circuit opened, not once a job.
+	log.Debug("notification parked until its host's circuit lets a send through", "error", o.err, "retry_in", o.after.String())
+	d.metrics.Notifications.WithLabelValues(job.Channel, "parked").Inc()
+	return d.schedule(ctx, &next, o.after, true)
+}
+
+// tooOld reports whether the oldest firing msg carries is older than Keep.
+func (d *Deliverer) tooOld(msg *notify.Message) bool {
+	for _, n := range msg.Notifications {
+		if !n.FiredAt.IsZero() && d.now().Sub(n.FiredAt) > d.cfg.Keep {
+			return true
+		}
+	}
+	return false
 }
 
 // fail publishes a job that failed for good to the failed queue, with the

@@ -31,7 +31,7 @@ type Lanes struct {
 
 // Defaults of Lanes.
 const (
-	DefaultLaneBurst = 16
+	DefaultLaneBurst = 4
 	DefaultLaneRate  = 1.0
 )
 
