@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 . scripts/services.sh
 ensure_services
 mkdir -p bin
-go build -o bin/klaxon ./cmd/worker
+go build -o bin/klaxon-worker ./cmd/worker
+go build -o bin/klaxon ./cmd/klaxon
 go build -o bin/devmongo ./cmd/devmongo
 go build -o bin/klaxon-demo ./cmd/demo
 exec bin/klaxon-demo "$@"

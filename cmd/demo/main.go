@@ -29,7 +29,7 @@ import (
 )
 
 func main() {
-	worker := flag.String("worker", "bin/klaxon", "the worker binary")
+	worker := flag.String("worker", "bin/klaxon-worker", "the worker binary")
 	devmongo := flag.String("devmongo", "bin/devmongo", "the MongoDB stand-in binary, started if nothing answers on -mongo")
 	mongoAddr := flag.String("mongo", "127.0.0.1:27017", "MongoDB address")
 	amqpURL := flag.String("amqp", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL")

@@ -62,3 +62,48 @@ func TestInvalidSettingStopsWithItsName(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
 	}
 }
+
+// A wrong flag is said in one line, with the command to run for help, not
+// buried under the whole usage; the flag list writes flags as the usage
+// lines do, with two dashes.
+func TestFlagErrorIsOneLineWithAHint(t *testing.T) {
+	r := klaxon(t, nil, "snooze", "--project", "p", "--rule", "r", "--for", "10x")
+	if r.code != exitUsage || strings.Count(r.stderr, "\n") != 1 ||
+		!strings.Contains(r.stderr, `invalid value "10x" for flag --for`) || !strings.Contains(r.stderr, "run 'klaxon snooze --help'") ||
+		!strings.Contains(r.stderr, "want a duration") {
+		t.Errorf("exit %d, stderr %q", r.code, r.stderr)
+	}
+	r = klaxon(t, nil, "rules", "check", "--jsn")
+	if r.code != exitUsage || strings.Count(r.stderr, "\n") != 1 || !strings.Contains(r.stderr, "run 'klaxon rules check --help'") {
+		t.Errorf("unknown flag: exit %d, stderr %q", r.code, r.stderr)
+	}
+	r = klaxon(t, nil, "snoze")
+	if r.code != exitUsage || !strings.Contains(r.stderr, `did you mean "snooze"?`) {
+		t.Errorf("misspelt command: exit %d, stderr %q", r.code, r.stderr)
+	}
+	help := klaxon(t, nil, "rules", "check", "--help").stdout
+	if !strings.Contains(help, "[--json]") || !strings.Contains(help, "\n  --json\n") || strings.Contains(help, "\n  -json") {
+		t.Errorf("usage and flag list disagree:\n%s", help)
+	}
+}
+
+// --version answers on stdout with exit 0, whatever the build knows.
+func TestVersion(t *testing.T) {
+	r := klaxon(t, nil, "--version")
+	if r.code != exitOK || !strings.HasPrefix(r.stdout, "klaxon ") || !strings.Contains(r.stdout, "commit ") {
+		t.Errorf("exit %d, stdout %q", r.code, r.stdout)
+	}
+}
+
+// A KLAXON_ variable the tool does not know is warned of with the one it
+// most likely meant: KLAXON_RULE_FILE silently read rules from MongoDB.
+func TestUnknownVariableIsWarned(t *testing.T) {
+	file := writeTemp(t, "rules.yml", "{}\n")
+	var out, errOut bytes.Buffer
+	a := &app{stdout: &out, stderr: &errOut, getenv: func(string) string { return "" },
+		environ: func() []string { return []string{"KLAXON_RULE_FILE=" + file, "HOME=/root"} }}
+	code := a.run(context.Background(), []string{"rules", "check", file})
+	if code != exitOK || !strings.Contains(errOut.String(), "warning: KLAXON_RULE_FILE is not a Klaxon variable and is ignored (did you mean KLAXON_RULES_FILE?)") {
+		t.Errorf("exit %d, stderr %q", code, errOut.String())
+	}
+}

@@ -51,13 +51,28 @@ func readRules(ctx context.Context, cfg config.Config, file string) (*store.Snap
 // loadRules reads and validates the rules of src within the configured
 // limits, as the worker's rule cache does.
 func loadRules(ctx context.Context, src store.Source, cfg config.Config) (*store.Snapshot, error) {
+	snap, _, err := loadSpecs(ctx, src, cfg)
+	return snap, err
+}
+
+// mongoWithin bounds the wait for MongoDB to answer: a store that is down
+// or mistyped is said within 5 s, with what to check.
+const mongoWithin = 4500 * time.Millisecond
+
+// loadSpecs is loadRules, with the specs the snapshot was compiled from.
+func loadSpecs(ctx context.Context, src store.Source, cfg config.Config) (*store.Snapshot, store.Specs, error) {
 	ctx, cancel := context.WithTimeout(ctx, store.DefaultTimeout)
 	defer cancel()
+	if mongo, ok := src.(*store.MongoSource); ok {
+		if err := mongo.Reachable(ctx, mongoWithin); err != nil {
+			return nil, store.Specs{}, fmt.Errorf("%w; %s", err, cfg.RulesStoreHint())
+		}
+	}
 	specs, err := src.Load(ctx)
 	if err != nil {
-		return nil, err
+		return nil, specs, err
 	}
-	return store.CompileWithin(specs, time.Now(), cfg.Limits), nil
+	return store.CompileWithin(specs, time.Now(), cfg.Limits), specs, nil
 }
 
 const rulesCheckUsage = `Usage: klaxon rules check [FILE] [--strict] [--json]

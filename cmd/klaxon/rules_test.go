@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -121,5 +123,25 @@ func TestRulesCheckMongo(t *testing.T) {
 	}
 	if strings.Contains(r.stdout+r.stderr, "example.com") {
 		t.Errorf("an endpoint was printed:\n%s", r.stdout)
+	}
+}
+
+// A MongoDB that does not answer is an error within about 5 s naming what
+// to change, not a topology dump after 10 s of silence.
+func TestRulesCheckSaysMongoDoesNotAnswer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	start := time.Now()
+	r := klaxon(t, map[string]string{"KLAXON_MONGO_URL": "mongodb://" + addr + "/hawk"}, "rules", "check")
+	if took := time.Since(start); took > 6*time.Second {
+		t.Errorf("answered after %v, want about 5 s at most", took)
+	}
+	if r.code != exitUsage || !strings.Contains(r.stderr, "MongoDB did not answer") || !strings.Contains(r.stderr, "KLAXON_MONGO_URL") ||
+		!strings.Contains(r.stderr, "KLAXON_RULES_FILE") || strings.Contains(r.stderr, "topology") || strings.Count(r.stderr, "\n") != 1 {
+		t.Errorf("exit %d, stderr %q", r.code, r.stderr)
 	}
 }
