@@ -178,17 +178,22 @@ func TestRulesCheckReportsWhatASendWouldMeet(t *testing.T) {
       webhook: {isEnabled: true, endpoint: "https://example.com/hook", minPeriod: 0}
       slack: {isEnabled: true, endpoint: "https://hooks.slack.com/services/T/B/x", minPeriod: 0}
 `)
-	r := klaxon(t, nil, "rules", "check", "--json", file)
-	if r.code != exitProblem {
-		t.Fatalf("exit %d, want 1:\n%s%s", r.code, r.stdout, r.stderr)
+	check := func(env map[string]string) checkReport {
+		t.Helper()
+		r := klaxon(t, env, "rules", "check", "--json", file)
+		if r.code != exitProblem {
+			t.Fatalf("exit %d, want 1:\n%s%s", r.code, r.stdout, r.stderr)
+		}
+		var report checkReport
+		if err := json.Unmarshal([]byte(r.stdout), &report); err != nil {
+			t.Fatal(err)
+		}
+		return report
 	}
-	var report checkReport
-	if err := json.Unmarshal([]byte(r.stdout), &report); err != nil {
-		t.Fatal(err)
-	}
+	report := check(nil)
 	want := []struct {
 		severity, rule, reason string
-		line               int
+		line                   int
 	}{
 		{"error", "refused", `channel webhook: the worker's endpoint guard would refuse it: it resolves to 127.0.0.1, a loopback address; allow it with KLAXON_ALLOW_PRIVATE_NETWORKS`, 2},
 		{"error", "refused", `channel slack: the worker's endpoint guard would refuse it: host chat.example.com with this path is not one of hooks.slack.com/services/ (KLAXON_SLACK_HOSTS)`, 2},
@@ -216,12 +221,8 @@ func TestRulesCheckReportsWhatASendWouldMeet(t *testing.T) {
 	}
 
 	// The same rules on settings that allow them: no error is left.
-	r = klaxon(t, map[string]string{"KLAXON_ALLOW_PRIVATE_NETWORKS": "127.0.0.0/8", "KLAXON_ALLOW_PORTS": "443,8443",
-		"KLAXON_SLACK_HOSTS": "hooks.slack.com/services/,chat.example.com", "KLAXON_SMTP_ADDR": "127.0.0.1:25"}, "rules", "check", "--json", file)
-	report = checkReport{}
-	if err := json.Unmarshal([]byte(r.stdout), &report); err != nil {
-		t.Fatal(err)
-	}
+	report = check(map[string]string{"KLAXON_ALLOW_PRIVATE_NETWORKS": "127.0.0.0/8", "KLAXON_ALLOW_PORTS": "443,8443",
+		"KLAXON_SLACK_HOSTS": "hooks.slack.com/services/,chat.example.com", "KLAXON_SMTP_ADDR": "127.0.0.1:25"})
 	if report.Errors != 1 || report.Warnings != 2 { // the unknown channel stays
 		t.Errorf("allowed: %d errors, %d warnings; want 1, 2: %+v", report.Errors, report.Warnings, report.Problems)
 	}
