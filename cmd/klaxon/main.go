@@ -8,6 +8,7 @@
 //	klaxon test-send --project P --rule R        a marked test message through each channel
 //	klaxon explain --project P --rule R --group G why a rule fires or not, and its state in Redis
 //	klaxon snooze --project P --rule R --for D   hold back a rule's messages for a while
+//	klaxon failed list|show ID|replay ID...      the notifications that failed for good
 //
 // It is a binary of its own rather than subcommands of the worker's: the
 // worker is a long-running service configured only by its environment, and
@@ -83,6 +84,12 @@ Usage:
   klaxon snooze remove --project P --rule R [--group G]
         hold back a rule's messages (still counted and recorded) until a
         time; one summary of what was held back follows
+  klaxon failed list [--json]
+  klaxon failed show ID [--json]
+  klaxon failed replay (ID... | --all) [--json]
+        the notifications that failed for good (<KLAXON_PREFIX>.failed):
+        list them with their reasons, and send them again once fixed
+  klaxon --version
 
 Settings are the worker's environment variables (docs/configuration.md).
 Run "klaxon COMMAND --help" for a command's flags.
@@ -119,6 +126,8 @@ func (a *app) run(ctx context.Context, args []string) int {
 		return a.explain(ctx, args[1:])
 	case "snooze":
 		return a.snooze(ctx, args[1:])
+	case "failed":
+		return a.failed(ctx, args[1:])
 	}
 	hint := ""
 	if c := suggest.Closest(args[0], commands); c != "" {

@@ -40,13 +40,15 @@ func TestHelpOnEveryCommand(t *testing.T) {
 	for _, args := range [][]string{
 		{"--help"}, {"help"}, {"rules", "--help"}, {"rules", "check", "--help"}, {"rules", "check", "-h"},
 		{"backtest", "--help"}, {"test-send", "--help"}, {"explain", "--help"}, {"snooze", "--help"}, {"snooze", "list", "--help"}, {"snooze", "remove", "--help"},
+		{"failed", "--help"}, {"failed", "list", "--help"}, {"failed", "replay", "--help"},
 	} {
 		r := klaxon(t, nil, args...)
 		if r.code != exitOK || !strings.Contains(r.stdout, "Usage") {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q", args, r.code, r.stdout, r.stderr)
 		}
 	}
-	for _, args := range [][]string{{}, {"nope"}, {"rules"}, {"rules", "check", "--nope"}, {"backtest", "--nope"}, {"test-send", "--nope"}, {"explain", "--nope"}, {"snooze", "--nope"}, {"snooze", "list", "--nope"}} {
+	for _, args := range [][]string{{}, {"nope"}, {"rules"}, {"rules", "check", "--nope"}, {"backtest", "--nope"}, {"test-send", "--nope"}, {"explain", "--nope"}, {"snooze", "--nope"}, {"snooze", "list", "--nope"},
+		{"failed"}, {"failed", "lst"}, {"failed", "replay"}, {"failed", "replay", "x", "--all"}, {"failed", "show"}} {
 		if r := klaxon(t, nil, args...); r.code != exitUsage || r.stderr == "" {
 			t.Errorf("%v: exit %d, stderr %q; want a usage error", args, r.code, r.stderr)
 		}
