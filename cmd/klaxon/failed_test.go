@@ -57,6 +57,7 @@ func startInstallation(t *testing.T) *installation {
 		"KLAXON_AMQP_URL": in.amqpURL, "KLAXON_QUEUE": in.queue, "KLAXON_REDIS_URL": testenv.RedisURL(),
 		"KLAXON_PREFIX": prefix, "KLAXON_RULES_FILE": rules, "KLAXON_HTTP_ADDR": addr,
 		"KLAXON_ALLOW_PRIVATE_NETWORKS": "127.0.0.0/8,::1/128",
+		"KLAXON_EVENT_URL":              "https://hawk.example.com/p/{projectId}/e/{groupHash}",
 	}
 
 	bin := t.TempDir() + "/klaxon-worker"
