@@ -528,6 +528,7 @@ func batchHooks(m *metrics.Metrics, stage, name string) queue.Hooks {
 	consuming := m.Consuming.WithLabelValues(name)
 	consuming.Set(0)
 	held := m.HeldBytes.WithLabelValues(name)
+	pauses := m.ConsumerPauses.WithLabelValues(name) // the queue, as held bytes; the stage is klaxon_batches_total's
 	return queue.Hooks{
 		Connection: func(up bool) { consuming.Set(boolFloat(up)) },
 		Batch: func(r queue.BatchResult) {
@@ -538,7 +539,7 @@ func batchHooks(m *metrics.Metrics, stage, name string) queue.Hooks {
 			m.Batches.WithLabelValues(stage, outcome).Inc()
 		},
 		Held:   func(b int64) { held.Set(float64(b)) },
-		Paused: m.ConsumerPauses.WithLabelValues(stage).Inc,
+		Paused: pauses.Inc,
 	}
 }
 
