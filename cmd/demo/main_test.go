@@ -80,4 +80,3 @@ func TestCleanUpDeletesTheDemosQueuesAndKeysOnly(t *testing.T) {
 		t.Errorf("second clean-up: %+v, %v", again, err)
 	}
 }
-

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -107,5 +108,37 @@ func TestUnknownVariableIsWarned(t *testing.T) {
 	code := a.run(context.Background(), []string{"rules", "check", file})
 	if code != exitOK || !strings.Contains(errOut.String(), "warning: KLAXON_RULE_FILE is not a Klaxon variable and is ignored (did you mean KLAXON_RULES_FILE?)") {
 		t.Errorf("exit %d, stderr %q", code, errOut.String())
+	}
+}
+
+// The tool as users build it answers --version with its build's commit
+// and --help with its usage, and a wrong flag with one line; it reads its
+// environment for unknown variables.
+func TestBinaryFlags(t *testing.T) {
+	bin := t.TempDir() + "/klaxon"
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	run := func(env []string, args ...string) (int, string, string) {
+		cmd := exec.Command(bin, args...)
+		cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		cmd.Run()
+		return cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
+	}
+	if code, out, _ := run(nil, "--version"); code != 0 || !strings.HasPrefix(out, "klaxon ") || !strings.Contains(out, "commit ") {
+		t.Errorf("--version: exit %d, %q", code, out)
+	}
+	if code, out, _ := run(nil, "-h"); code != 0 || !strings.Contains(out, "klaxon failed list") {
+		t.Errorf("-h: exit %d, %q", code, out)
+	}
+	if code, _, errOut := run(nil, "backtest", "--evnts", "x"); code != exitUsage || strings.Count(errOut, "\n") != 1 {
+		t.Errorf("a wrong flag: exit %d, %q", code, errOut)
+	}
+	file := writeTemp(t, "rules.yml", "{}\n")
+	if code, _, errOut := run([]string{"KLAXON_RULE_FILE=" + file}, "rules", "check", file); code != 0 ||
+		!strings.Contains(errOut, "did you mean KLAXON_RULES_FILE?") {
+		t.Errorf("an unknown variable: exit %d, %q", code, errOut)
 	}
 }

@@ -158,7 +158,7 @@ func (a *app) rulesCheck(ctx context.Context, args []string) int {
 		// good rules and would never load these.
 		reason := err.Error()
 		if data, rerr := os.ReadFile(src.(*store.FileSource).Path()); rerr == nil {
-			reason = correctYAMLLine(reason, data)
+			reason = store.CorrectYAMLLine(reason, data)
 		}
 		report.Problems = append(report.Problems, checkProblem{Severity: "error", Reason: reason})
 	default:
