@@ -91,15 +91,12 @@ type failedFiring struct {
 }
 
 func (a *app) failed(ctx context.Context, args []string) int {
-	if len(args) == 0 || isHelp(args[0]) {
-		out := a.stdout
-		if len(args) == 0 {
-			out = a.stderr
-		}
-		fmt.Fprint(out, failedUsage)
-		if len(args) == 0 {
-			return exitUsage
-		}
+	switch {
+	case len(args) == 0:
+		fmt.Fprintln(a.stderr, "klaxon failed: want a subcommand: list, show or replay; run 'klaxon failed --help'")
+		return exitUsage
+	case isHelp(args[0]):
+		fmt.Fprint(a.stdout, failedUsage+"  --all\n    \treplay: every message of the failed queue\n  --json\n    \tprint JSON\n")
 		return exitOK
 	}
 	sub, args := args[0], args[1:]
