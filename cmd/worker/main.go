@@ -453,7 +453,7 @@ func ruleCache(cfg config.Config, log *slog.Logger, m *metrics.Metrics, lastLoad
 	var src store.Source
 	closeSrc := func() {}
 	if cfg.RulesFile != "" {
-		src = store.NewFileSource(cfg.RulesFile)
+		src = rulesFile{store.NewFileSource(cfg.RulesFile)}
 	} else {
 		mongo, err := newMongoSource(cfg.MongoURL, cfg.MongoDatabase, log.With("stage", "rules"))
 		if err != nil {
