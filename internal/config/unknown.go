@@ -1,6 +1,7 @@
 package config
 
 import (
+	"regexp"
 	"slices"
 	"strings"
 
@@ -40,7 +41,7 @@ func Unknown(environ []string) []UnknownVariable {
 	seen := map[string]bool{}
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(name, "KLAXON_") || known[name] || seen[name] || hasOtherPrefix(name) {
+		if !strings.HasPrefix(name, "KLAXON_") || known[name] || seen[name] || hasOtherPrefix(name) || serviceLink.MatchString(name) {
 			continue
 		}
 		seen[name] = true
@@ -48,6 +49,12 @@ func Unknown(environ []string) []UnknownVariable {
 	}
 	return out
 }
+
+// serviceLink matches the variables Kubernetes gives every container for
+// each Service of its namespace (enableServiceLinks): a Service named
+// klaxon-metrics makes KLAXON_METRICS_SERVICE_HOST, KLAXON_METRICS_PORT,
+// KLAXON_METRICS_PORT_9464_TCP_ADDR, …, none of them a setting.
+var serviceLink = regexp.MustCompile(`_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_[0-9]+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)?)$`)
 
 func hasOtherPrefix(name string) bool {
 	for _, p := range otherPrefixes {

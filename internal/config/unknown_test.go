@@ -19,6 +19,10 @@ func TestUnknownNamesTheClosestVariable(t *testing.T) {
 		"KLAXON_TEST_REDIS_URL=x", // the test suite's
 		"KLAXON_WHATEVER_THIS_IS=1",
 		"KLAXON_RULE_FILE=again", // reported once
+		// Kubernetes' links to the klaxon-metrics Service
+		"KLAXON_METRICS_SERVICE_HOST=10.0.0.1", "KLAXON_METRICS_SERVICE_PORT=9464", "KLAXON_METRICS_SERVICE_PORT_METRICS=9464",
+		"KLAXON_METRICS_PORT=tcp://10.0.0.1:9464", "KLAXON_METRICS_PORT_9464_TCP=tcp://10.0.0.1:9464",
+		"KLAXON_METRICS_PORT_9464_TCP_PROTO=tcp", "KLAXON_METRICS_PORT_9464_TCP_PORT=9464", "KLAXON_METRICS_PORT_9464_TCP_ADDR=10.0.0.1",
 	})
 	want := []UnknownVariable{
 		{"KLAXON_RULE_FILE", EnvRulesFile},
