@@ -1,4 +1,4 @@
-// Command klaxon is the Klaxon worker: it consumes Hawk's error events from
+// Command klaxon-worker is the Klaxon worker: it consumes Hawk's error events from
 // RabbitMQ, counts them against each project's notification rules in Redis,
 // and notifies by email, Telegram, Slack, Loop or webhook when a rule fires.
 //
@@ -12,13 +12,18 @@
 //	queue.Consumer (<prefix>.deliveries)
 //	  → deliverer: claim → minPeriod digest → notify channel → record, or retry later
 //
-// Every setting is an environment variable; see docs/configuration.md.
+// Every setting is an environment variable; see docs/configuration.md. The
+// worker takes no arguments but --version and --help: anything else is an
+// error before anything starts, so that a mistyped command never runs a
+// worker with default settings against the real broker. The operators'
+// tool is the other binary, klaxon (cmd/klaxon).
 package main
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"net"
@@ -31,6 +36,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -52,16 +58,23 @@ import (
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/store"
 	"github.com/klaxonhq/klaxon/internal/storm"
+	"github.com/klaxonhq/klaxon/internal/version"
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
 func main() {
+	if code, done := arguments(os.Args[1:], os.Stdout, os.Stderr); done {
+		os.Exit(code)
+	}
 	cfg, err := config.Load(os.Getenv)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "klaxon:", err)
+		fmt.Fprintln(os.Stderr, "klaxon-worker:", err)
 		os.Exit(2)
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	for _, u := range config.Unknown(os.Environ()) {
+		log.Warn("unknown variable ignored", "variable", u.Name, "did_you_mean", u.Suggestion)
+	}
 	// go-redis logs through one package-level logger (its own lines on
 	// stderr by default, 5-20 "failed to dial" a Sentinel failover), and
 	// offers no per-client one: set it once, here, so that stderr stays
@@ -115,13 +128,50 @@ func main() {
 	log.Info("klaxon stopped")
 }
 
+const help = `klaxon-worker: the Klaxon worker. It consumes Hawk's events from RabbitMQ,
+counts them against each project's rules in Redis and sends notifications.
+
+Usage:
+  klaxon-worker            run, configured by KLAXON_* environment variables
+  klaxon-worker --version  print the version, commit and build time
+  klaxon-worker --help     print this text
+
+Every setting is an environment variable (docs/configuration.md); the
+worker takes no other arguments. /metrics, /healthz and /readyz are served
+on KLAXON_HTTP_ADDR [127.0.0.1:9464]. The operators' tool is "klaxon"
+(rules check, test-send, failed list|show|replay, ...).
+`
+
+// arguments handles the worker's command line: --version and --help print
+// and exit 0; any other argument is an error (exit 2) before anything
+// starts. done is false when there are none and the worker should run.
+func arguments(args []string, stdout, stderr io.Writer) (code int, done bool) {
+	if len(args) == 0 {
+		return 0, false
+	}
+	switch args[0] {
+	case "--version", "-version", "version":
+		if len(args) == 1 {
+			fmt.Fprintln(stdout, "klaxon-worker", version.Read())
+			return 0, true
+		}
+	case "--help", "-help", "-h", "help":
+		if len(args) == 1 {
+			fmt.Fprint(stdout, help)
+			return 0, true
+		}
+	}
+	fmt.Fprintf(stderr, "klaxon-worker: unexpected argument %q: the worker takes its settings from KLAXON_* variables only; run 'klaxon-worker --help'\n", strings.Join(args, " "))
+	return 2, true
+}
+
 // stopDeadline is how long main lets run stop after a signal before exiting
 // anyway; docs/contract.md §7 promises an exit within 10 s.
 const stopDeadline = 9500 * time.Millisecond
 
 // run wires the worker from cfg and runs it until ctx is cancelled.
 func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
-	log.Info("klaxon starting", "config", cfg)
+	log.Info("klaxon starting", "version", version.Read().String(), "config", cfg)
 	if cfg.EndpointKey == "" {
 		// Said once, at start: an operator who never read the setting's
 		// documentation learns that the queues and Redis hold secrets.
@@ -159,7 +209,8 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 	defer dpub.Close()
 
-	cache, closeRules, err := ruleCache(cfg, log, m)
+	var lastLoad atomic.Pointer[error] // of the last failed load, for /readyz
+	cache, closeRules, err := ruleCache(cfg, log, m, &lastLoad)
 	if err != nil {
 		return err
 	}
@@ -282,6 +333,9 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		"redis": func(ctx context.Context) error { return redisReady(ctx, rdb, cfg.WaitReplicas) },
 		"rules": func(context.Context) error {
 			if !cache.Ready() {
+				if err := lastLoad.Load(); err != nil {
+					return fmt.Errorf("no rules loaded yet: %v; %s", *err, cfg.RulesStoreHint())
+				}
 				return errors.New("no rules loaded yet")
 			}
 			return nil
@@ -319,7 +373,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	start := func(ctx context.Context) error {
 		if err := cache.Refresh(ctx); err != nil {
 			// Not fatal: the store may come up later; until then /readyz says no.
-			log.Warn("rules not loaded yet", "error", err)
+			log.Warn("rules not loaded yet", "error", err, "hint", cfg.RulesStoreHint())
 		}
 		if cfg.Role.Evaluates() {
 			if err := pub.Declare(ctx, wire.DeadQueue(cfg.Queue), deadBounds.Args()); err != nil {
@@ -414,11 +468,12 @@ func redisPoolSize(queues, batchesInFlight int) int {
 const deliveryConns = 128
 
 // ruleCache builds the rule source of cfg and a cache in front of it.
-func ruleCache(cfg config.Config, log *slog.Logger, m *metrics.Metrics) (*store.Cache, func(), error) {
+// A failed load is kept in lastLoad.
+func ruleCache(cfg config.Config, log *slog.Logger, m *metrics.Metrics, lastLoad *atomic.Pointer[error]) (*store.Cache, func(), error) {
 	var src store.Source
 	closeSrc := func() {}
 	if cfg.RulesFile != "" {
-		src = store.NewFileSource(cfg.RulesFile)
+		src = rulesFile{store.NewFileSource(cfg.RulesFile)}
 	} else {
 		mongo, err := newMongoSource(cfg.MongoURL, cfg.MongoDatabase, log.With("stage", "rules"))
 		if err != nil {
@@ -438,6 +493,7 @@ func ruleCache(cfg config.Config, log *slog.Logger, m *metrics.Metrics) (*store.
 		Logger:   log.With("stage", "rules"),
 		OnLoad: func(r store.LoadResult) {
 			if r.Err != nil {
+				lastLoad.Store(&r.Err)
 				m.RuleLoads.WithLabelValues("error").Inc()
 				m.Up.WithLabelValues("rules").Set(0)
 				return
@@ -492,6 +548,7 @@ func batchHooks(m *metrics.Metrics, stage, name string) queue.Hooks {
 	consuming := m.Consuming.WithLabelValues(name)
 	consuming.Set(0)
 	held := m.HeldBytes.WithLabelValues(name)
+	pauses := m.ConsumerPauses.WithLabelValues(name) // the queue, as held bytes; the stage is klaxon_batches_total's
 	return queue.Hooks{
 		Connection: func(up bool) { consuming.Set(boolFloat(up)) },
 		Batch: func(r queue.BatchResult) {
@@ -502,7 +559,7 @@ func batchHooks(m *metrics.Metrics, stage, name string) queue.Hooks {
 			m.Batches.WithLabelValues(stage, outcome).Inc()
 		},
 		Held:   func(b int64) { held.Set(float64(b)) },
-		Paused: m.ConsumerPauses.WithLabelValues(stage).Inc,
+		Paused: pauses.Inc,
 	}
 }
 

@@ -41,7 +41,7 @@ func (c Config) attrs() []slog.Attr {
 		slog.Int("prefetch", c.Prefetch),
 		slog.Int("batch_size", c.BatchSize),
 		slog.Int("batches_in_flight", c.BatchesInFlight),
-		slog.Duration("batch_linger", c.BatchLinger),
+		slog.String("batch_linger", c.BatchLinger.String()),
 		slog.Int64("max_held_bytes", c.MaxHeldBytes),
 		slog.Int("redis_groups_per_call", c.GroupsPerCall),
 		slog.String("dedup_ttl", c.DedupTTL.String()), // JSON logs would show ns

@@ -339,20 +339,17 @@ func (d *Deliverer) fail(ctx context.Context, job *wire.Job, msg *notify.Message
 		log.Debug("notification failed for good", "error", err)
 	}
 	d.metrics.Notifications.WithLabelValues(job.Channel, "failed").Inc()
-	failed := *job
+	failed := Failed{Job: *job, Notifications: msg.Notifications}
 	if msg.Digest {
 		failed.Notification = nil
 	}
-	body, jerr := json.Marshal(struct {
-		wire.Job
-		Notifications []notify.Notification `json:"notifications,omitempty"`
-	}{failed, msg.Notifications})
+	body, jerr := json.Marshal(failed)
 	if jerr != nil {
 		return fmt.Errorf("encode failed job: %w", jerr)
 	}
 	if err := d.pub.Publish(ctx, queue.Message{
 		RoutingKey: d.cfg.FailedQueue, Body: body, MessageID: msg.ID + ":" + job.Channel,
-		ContentType: "application/json", Headers: amqp.Table{wire.ErrorHeader: err.Error()},
+		ContentType: "application/json", Headers: amqp.Table{wire.ErrorHeader: err.Error()}, Timestamp: d.now(),
 	}); err != nil {
 		return fmt.Errorf("record failed notification: %w", err)
 	}
