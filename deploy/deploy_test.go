@@ -310,22 +310,25 @@ func TestCompose(t *testing.T) {
 		}
 	}
 
-	k, ok := f.Services["klaxon"]
+	k, ok := f.Services["klaxon-worker"]
 	if !ok {
-		t.Fatal("no service klaxon")
+		t.Fatal("no service klaxon-worker")
+	}
+	if args := words(t, k.Command); len(args) > 0 {
+		t.Errorf("klaxon-worker has command %q: the worker takes no arguments and would exit 2", args)
 	}
 	if k.Build.Dockerfile != "deploy/Dockerfile" || (k.Build.Context != "." && k.Build.Context != "") {
-		t.Errorf("klaxon builds %q in %q, want deploy/Dockerfile in .", k.Build.Dockerfile, k.Build.Context)
+		t.Errorf("klaxon-worker builds %q in %q, want deploy/Dockerfile in .", k.Build.Dockerfile, k.Build.Context)
 	}
 	if k.Deploy.Replicas != 3 {
-		t.Errorf("klaxon replicas = %d, want 3", k.Deploy.Replicas)
+		t.Errorf("klaxon-worker replicas = %d, want 3", k.Deploy.Replicas)
 	}
 	if k.ContainerName != "" {
-		t.Error("klaxon has a container_name, which forbids replicas")
+		t.Error("klaxon-worker has a container_name, which forbids replicas")
 	}
 	for name := range images {
 		if c := k.DependsOn[name].Condition; c != "service_healthy" {
-			t.Errorf("klaxon depends on %s with condition %q, want service_healthy", name, c)
+			t.Errorf("klaxon-worker depends on %s with condition %q, want service_healthy", name, c)
 		}
 	}
 	// Compose's default is 10 s, all the worker may take: leave a margin.
@@ -457,56 +460,67 @@ func TestDockerfile(t *testing.T) {
 	}
 }
 
-// checkBinary follows the worker from go build to ENTRYPOINT: the build
-// compiles ./cmd/worker, the final stage copies that output, and ENTRYPOINT
-// runs the copy, in exec form since the distroless image has no shell.
+// checkBinary follows both binaries from go build to where they run: the
+// build compiles ./cmd/worker and ./cmd/klaxon, the final stage copies
+// them to /usr/local/bin/klaxon-worker and /usr/local/bin/klaxon (one name
+// per binary: a worker called klaxon once took "klaxon --help" for a start),
+// and ENTRYPOINT runs the worker, in exec form since the distroless image
+// has no shell.
 func checkBinary(t *testing.T, build []string, copies [][]string, entrypoint string) {
 	t.Helper()
-	var out, pkg string
+	outs := map[string]string{} // package → output file
 	for _, instr := range build {
-		_, cmd, ok := strings.Cut(instr, "go build ")
-		if !ok {
-			continue
-		}
-		fields := strings.Fields(cmd)
-		for i, f := range fields {
-			if f == "-o" && i+1 < len(fields) {
-				out = fields[i+1]
-			} else if o, ok := strings.CutPrefix(f, "-o="); ok {
-				out = o
+		parts := strings.Split(instr, "go build ")
+		for _, cmd := range parts[1:] {
+			cmd, _, _ = strings.Cut(cmd, "&&")
+			fields := strings.Fields(strings.TrimSuffix(strings.TrimSpace(cmd), "\\"))
+			var out string
+			for i, f := range fields {
+				if f == "-o" && i+1 < len(fields) {
+					out = fields[i+1]
+				} else if o, ok := strings.CutPrefix(f, "-o="); ok {
+					out = o
+				}
 			}
-		}
-		pkg = fields[len(fields)-1]
-	}
-	if pkg != "./cmd/worker" || out == "" {
-		t.Fatalf("the build stage does not go build -o <file> ./cmd/worker (builds %q into %q)", pkg, out)
-	}
-
-	var installed string
-	for _, words := range copies {
-		var args []string
-		for _, w := range words {
-			if !strings.HasPrefix(w, "--") {
-				args = append(args, w)
-			}
-		}
-		if len(args) == 2 && path.Clean(args[0]) == path.Clean(out) {
-			installed = args[1]
-			if strings.HasSuffix(installed, "/") {
-				installed += path.Base(out)
+			if len(fields) > 0 && out != "" {
+				outs[fields[len(fields)-1]] = out
 			}
 		}
 	}
-	if installed == "" {
+	installedAs := func(pkg string) string {
+		out := outs[pkg]
+		if out == "" {
+			t.Fatalf("the build stage does not go build -o <file> %s (builds %v)", pkg, outs)
+		}
+		for _, words := range copies {
+			var args []string
+			for _, w := range words {
+				if !strings.HasPrefix(w, "--") {
+					args = append(args, w)
+				}
+			}
+			if len(args) == 2 && path.Clean(args[0]) == path.Clean(out) {
+				installed := args[1]
+				if strings.HasSuffix(installed, "/") {
+					installed += path.Base(out)
+				}
+				return installed
+			}
+		}
 		t.Fatalf("the final stage does not COPY --from the build's %s", out)
+		return ""
+	}
+	worker, tool := installedAs("./cmd/worker"), installedAs("./cmd/klaxon")
+	if worker != "/usr/local/bin/klaxon-worker" || tool != "/usr/local/bin/klaxon" {
+		t.Errorf("the worker is installed as %s and the tool as %s; want /usr/local/bin/klaxon-worker and /usr/local/bin/klaxon", worker, tool)
 	}
 
 	var argv []string
 	if err := json.Unmarshal([]byte(entrypoint), &argv); err != nil || len(argv) == 0 {
 		t.Fatalf("ENTRYPOINT %s is not in exec form [\"/path\"]; the distroless image has no shell", entrypoint)
 	}
-	if path.Clean(argv[0]) != path.Clean(installed) {
-		t.Errorf("ENTRYPOINT runs %s, but the worker is copied to %s", argv[0], installed)
+	if path.Clean(argv[0]) != path.Clean(worker) {
+		t.Errorf("ENTRYPOINT runs %s, but the worker is copied to %s", argv[0], worker)
 	}
 }
 
@@ -573,9 +587,11 @@ func readManifests(t *testing.T, dir string) []object {
 }
 
 type container struct {
-	Name  string `yaml:"name"`
-	Image string `yaml:"image"`
-	Env   []struct {
+	Name    string   `yaml:"name"`
+	Image   string   `yaml:"image"`
+	Command []string `yaml:"command"`
+	Args    []string `yaml:"args"`
+	Env     []struct {
 		Name  string `yaml:"name"`
 		Value string `yaml:"value"`
 	} `yaml:"env"`
@@ -760,6 +776,9 @@ func TestKubernetes(t *testing.T) {
 			t.Fatalf("want one container, found %d", len(pod.Containers))
 		}
 		c := pod.Containers[0]
+		if len(c.Command) > 0 || len(c.Args) > 0 {
+			t.Errorf("container %s has command %q args %q: the image's entrypoint is the worker, which takes no arguments and would exit 2", c.Name, c.Command, c.Args)
+		}
 
 		env := map[string]string{}
 		for k, v := range cm.Data {

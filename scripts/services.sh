@@ -33,6 +33,8 @@ ensure_redis() {
 
 ensure_rabbitmq() {
   install_pkg rabbitmq-server rabbitmq-server
+  # amqp-publish, which the README's first rule publishes its event with.
+  install_pkg amqp-publish amqp-tools
   if answers 127.0.0.1 5672 && rabbitmqctl -q status >/dev/null 2>&1; then return 0; fi
   echo "services: starting RabbitMQ on 127.0.0.1:5672" >&2
   rabbitmq-server -detached >/dev/null 2>&1 || true

@@ -18,7 +18,7 @@ import (
 
 // buildWorker builds ./cmd/worker into dir and returns the binary's path.
 func buildWorker(ctx context.Context, dir string) (string, error) {
-	bin := filepath.Join(dir, "klaxon")
+	bin := filepath.Join(dir, "klaxon-worker")
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/klaxonhq/klaxon/cmd/worker")
 	out, err := cmd.CombinedOutput()
 	if err != nil {

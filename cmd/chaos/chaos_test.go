@@ -197,7 +197,7 @@ func TestSocketOwner(t *testing.T) {
 // checked for races too.
 func buildWorker(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "klaxon")
+	bin := filepath.Join(t.TempDir(), "klaxon-worker")
 	args := []string{"build", "-o", bin}
 	if raceEnabled {
 		args = append(args, "-race")

@@ -1,8 +1,16 @@
 // Command demo runs Klaxon end to end on this machine: it starts a MongoDB
-// stand-in (cmd/devmongo) if none answers, stores a Hawk project with two
-// rules, runs the worker binary, publishes sample events to RabbitMQ and
-// prints the notifications as a local webhook and a local SMTP server get
-// them. scripts/demo.sh builds everything and starts Redis and RabbitMQ.
+// stand-in of its own (cmd/devmongo, on a free port, its data in a
+// temporary directory), stores a Hawk project with two rules there, runs
+// the worker binary, publishes sample events to RabbitMQ and prints the
+// notifications as a local webhook and a local SMTP server get them.
+// scripts/demo.sh builds everything and starts Redis and RabbitMQ if they
+// do not answer.
+//
+// The demo is a guest on the broker and Redis it is given: it writes no
+// database it did not create, changes no broker setting or plugin, and
+// uses only its own names, the queues klaxon-demo… and the Redis keys
+// klaxon-demo:…, which it deletes when it starts (what an interrupted run
+// left) and when it ends. -clean deletes them and does nothing else.
 package main
 
 import (
@@ -23,21 +31,56 @@ import (
 
 	"github.com/emersion/go-smtp"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/klaxonhq/klaxon/internal/wire"
+)
+
+// The demo's names: its incoming queue, and the KLAXON_PREFIX of the
+// queues and Redis keys the worker makes.
+const (
+	demoQueue  = "klaxon-demo"
+	demoPrefix = "klaxon-demo"
+	demoDB     = "klaxon_demo"
 )
 
 func main() {
-	worker := flag.String("worker", "bin/klaxon", "the worker binary")
-	devmongo := flag.String("devmongo", "bin/devmongo", "the MongoDB stand-in binary, started if nothing answers on -mongo")
-	mongoAddr := flag.String("mongo", "127.0.0.1:27017", "MongoDB address")
+	worker := flag.String("worker", "bin/klaxon-worker", "the worker binary")
+	devmongo := flag.String("devmongo", "bin/devmongo", "the MongoDB stand-in binary")
 	amqpURL := flag.String("amqp", "amqp://guest:guest@127.0.0.1:5672/", "RabbitMQ URL")
 	redisURL := flag.String("redis", "redis://127.0.0.1:6379/0", "Redis URL")
+	clean := flag.Bool("clean", false, "only delete what a demo run leaves (its queues and Redis keys), then exit")
 	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "demo: unexpected argument %q; run 'demo --help'\n", flag.Arg(0))
+		os.Exit(2)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := run(ctx, *worker, *devmongo, *mongoAddr, *amqpURL, *redisURL); err != nil {
+	names := demoNames()
+	if *clean {
+		r, err := cleanUp(ctx, *amqpURL, *redisURL, names)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "demo:", err)
+			os.Exit(1)
+		}
+		say("cleaned up: %s", r)
+		return
+	}
+	err := run(ctx, *worker, *devmongo, *amqpURL, *redisURL)
+	// Whatever happened, leave nothing behind on the shared services.
+	cctx, ccancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer ccancel()
+	r, cerr := cleanUp(cctx, *amqpURL, *redisURL, names)
+	if cerr != nil {
+		fmt.Fprintln(os.Stderr, "demo: clean-up:", cerr, "(run 'scripts/demo.sh -clean' to try again)")
+	} else {
+		say("cleaned up: %s", r)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
@@ -47,22 +90,113 @@ func say(format string, args ...any) {
 	fmt.Printf("%s  "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
 }
 
-func run(ctx context.Context, workerBin, devmongoBin, mongoAddr, amqpURL, redisURL string) error {
-	// 1. MongoDB: use one that answers, else start the FerretDB stand-in.
-	if !answers(mongoAddr) {
-		cmd := exec.Command(devmongoBin, "-listen", mongoAddr)
-		cmd.Stderr = io.Discard
-		if err := cmd.Start(); err != nil {
-			return fmt.Errorf("start %s: %w", devmongoBin, err)
-		}
-		defer func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() }()
-		if err := waitUntil(ctx, func() bool { return answers(mongoAddr) }); err != nil {
-			return fmt.Errorf("MongoDB stand-in did not start on %s", mongoAddr)
-		}
-		say("MongoDB stand-in (FerretDB on SQLite) started on %s", mongoAddr)
-	} else {
-		say("MongoDB answers on %s", mongoAddr)
+// names are what a demo run makes on the broker and in Redis.
+type names struct {
+	Queues    []string
+	KeyPrefix string // every Redis key starts with it
+}
+
+func demoNames() names {
+	return workerNames(demoQueue, demoPrefix)
+}
+
+// workerNames are the queues a worker with KLAXON_QUEUE q and
+// KLAXON_PREFIX prefix makes, and the start of its Redis keys.
+func workerNames(q, prefix string) names {
+	n := names{Queues: []string{q, wire.DeadQueue(q), wire.DeliveryQueue(prefix), wire.FailedQueue(prefix)}, KeyPrefix: prefix + ":"}
+	for _, d := range wire.RetryDelays() {
+		n.Queues = append(n.Queues, wire.RetryQueue(prefix, d))
 	}
+	return n
+}
+
+// cleaned is what cleanUp removed.
+type cleaned struct {
+	queues, messages, keys int
+}
+
+func (c cleaned) String() string {
+	return fmt.Sprintf("%d queues (%d messages in them) and %d Redis keys deleted", c.queues, c.messages, c.keys)
+}
+
+// cleanUp deletes the queues of n, with their messages, and the Redis keys
+// starting with n.KeyPrefix. A queue that is not there is no error.
+func cleanUp(ctx context.Context, amqpURL, redisURL string, n names) (cleaned, error) {
+	var c cleaned
+	conn, err := amqp.DialConfig(amqpURL, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+	if err != nil {
+		return c, fmt.Errorf("RabbitMQ: %w", err)
+	}
+	defer conn.Close()
+	for _, q := range n.Queues {
+		// A channel a queue: a passive declare of a missing queue closes it.
+		ch, err := conn.Channel()
+		if err != nil {
+			return c, fmt.Errorf("RabbitMQ: %w", err)
+		}
+		if _, err := ch.QueueDeclarePassive(q, true, false, false, false, nil); err != nil {
+			continue // not there
+		}
+		msgs, err := ch.QueueDelete(q, false, false, false)
+		ch.Close()
+		if err != nil {
+			return c, fmt.Errorf("delete queue %s: %w", q, err)
+		}
+		c.queues++
+		c.messages += msgs
+	}
+	opts, err := redis.ParseURL(redisURL)
+	if err != nil {
+		return c, fmt.Errorf("Redis URL: %w", err)
+	}
+	rdb := redis.NewClient(opts)
+	defer rdb.Close()
+	iter := rdb.Scan(ctx, 0, n.KeyPrefix+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		if err := rdb.Unlink(ctx, iter.Val()).Err(); err != nil {
+			return c, fmt.Errorf("Redis: %w", err)
+		}
+		c.keys++
+	}
+	if err := iter.Err(); err != nil {
+		return c, fmt.Errorf("Redis: %w", err)
+	}
+	return c, nil
+}
+
+func run(ctx context.Context, workerBin, devmongoBin, amqpURL, redisURL string) error {
+	// 0. What an interrupted run left, consumed by this one, would make it
+	// behave otherwise.
+	if r, err := cleanUp(ctx, amqpURL, redisURL, demoNames()); err != nil {
+		return err
+	} else if r.queues > 0 || r.keys > 0 {
+		say("removed what an earlier run left: %s", r)
+	}
+	say("uses RabbitMQ at %s (queues %s…) and Redis at %s (keys %s*), deleted at the end; changes no setting or plugin",
+		redactURL(amqpURL), demoQueue, redactURL(redisURL), demoNames().KeyPrefix)
+
+	// 1. MongoDB: a stand-in of the demo's own, on a free port, with its
+	// data in a temporary directory: no database of anyone else's is
+	// written.
+	mongoAddr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "klaxon-demo-mongo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	mongod := exec.Command(devmongoBin, "-listen", mongoAddr, "-dir", dir)
+	mongod.Stderr = io.Discard
+	if err := mongod.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", devmongoBin, err)
+	}
+	defer func() { mongod.Process.Signal(os.Interrupt); mongod.Wait() }()
+	if err := waitUntil(ctx, func() bool { return answers(mongoAddr) }); err != nil {
+		return fmt.Errorf("MongoDB stand-in did not start on %s", mongoAddr)
+	}
+	say("MongoDB stand-in (FerretDB on SQLite, data in %s, removed at the end) started on %s", dir, mongoAddr)
 
 	// 2. Where notifications arrive: a webhook and an SMTP server, both local.
 	got := make(chan string, 16)
@@ -76,8 +210,9 @@ func run(ctx context.Context, workerBin, devmongoBin, mongoAddr, amqpURL, redisU
 	}
 	defer stopSMTP()
 
-	// 3. A Hawk project with two rules, stored as Hawk stores them.
-	mongoURL := "mongodb://" + mongoAddr + "/hawk"
+	// 3. A Hawk project with two rules, stored as Hawk stores them, in the
+	// demo's database.
+	mongoURL := "mongodb://" + mongoAddr + "/" + demoDB
 	client, err := mongo.Connect(options.Client().ApplyURI(mongoURL))
 	if err != nil {
 		return err
@@ -88,7 +223,7 @@ func run(ctx context.Context, workerBin, devmongoBin, mongoAddr, amqpURL, redisU
 		"webhook": bson.M{"isEnabled": true, "endpoint": hook, "minPeriod": 0},
 		"email":   bson.M{"isEnabled": true, "endpoint": "oncall@example.com", "minPeriod": 0},
 	}
-	_, err = client.Database("hawk").Collection("projects").InsertOne(ctx, bson.M{
+	_, err = client.Database(demoDB).Collection("projects").InsertOne(ctx, bson.M{
 		"_id": project, "name": "Klaxon demo",
 		"notifications": bson.A{
 			bson.M{"_id": bson.NewObjectID(), "isEnabled": true, "whatToReceive": "ONLY_NEW",
@@ -104,11 +239,14 @@ func run(ctx context.Context, workerBin, devmongoBin, mongoAddr, amqpURL, redisU
 	say("stored project %s: rule 1 = every new error; rule 2 = 'timeout' errors, 1000 in 2 minutes", project.Hex())
 
 	// 4. The worker, as it runs in production.
-	queue := "klaxon-demo"
+	httpAddr, err := freeAddr()
+	if err != nil {
+		return err
+	}
 	worker := exec.CommandContext(ctx, workerBin)
 	worker.Env = append(os.Environ(),
 		"KLAXON_AMQP_URL="+amqpURL, "KLAXON_REDIS_URL="+redisURL, "KLAXON_MONGO_URL="+mongoURL,
-		"KLAXON_QUEUE="+queue, "KLAXON_PREFIX=klaxon-demo", "KLAXON_HTTP_ADDR=127.0.0.1:9465",
+		"KLAXON_QUEUE="+demoQueue, "KLAXON_PREFIX="+demoPrefix, "KLAXON_HTTP_ADDR="+httpAddr,
 		"KLAXON_SMTP_ADDR="+smtpAddr, "KLAXON_SMTP_FROM=klaxon@example.com", "KLAXON_SMTP_TLS=none",
 		"KLAXON_LOG_LEVEL=warn",
 		// The demo's webhook listens on loopback, which endpoints from rules
@@ -119,10 +257,10 @@ func run(ctx context.Context, workerBin, devmongoBin, mongoAddr, amqpURL, redisU
 		return fmt.Errorf("start %s: %w", workerBin, err)
 	}
 	defer func() { worker.Process.Signal(os.Interrupt); worker.Wait() }()
-	if err := waitUntil(ctx, func() bool { return httpOK("http://127.0.0.1:9465/readyz") }); err != nil {
+	if err := waitUntil(ctx, func() bool { return httpOK("http://" + httpAddr + "/readyz") }); err != nil {
 		return errors.New("the worker did not become ready (see its log above)")
 	}
-	say("worker running (pid %d); metrics on http://127.0.0.1:9465/metrics", worker.Process.Pid)
+	say("worker running (pid %d); metrics on http://%s/metrics", worker.Process.Pid, httpAddr)
 
 	// 5. Events, in Hawk's notifier format.
 	conn, err := amqp.Dial(amqpURL)
@@ -135,7 +273,7 @@ func run(ctx context.Context, workerBin, devmongoBin, mongoAddr, amqpURL, redisU
 		return err
 	}
 	publish := func(body string) error {
-		return ch.PublishWithContext(ctx, "", queue, false, false, amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: []byte(body)})
+		return ch.PublishWithContext(ctx, "", demoQueue, false, false, amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: []byte(body)})
 	}
 	say("publish: a new error 'TypeError: x is undefined'")
 	if err := publish(fmt.Sprintf(`{"projectId":%q,"event":{"title":"TypeError: x is undefined","groupHash":"demo-new","isNew":true,"repetitionId":null}}`, project.Hex())); err != nil {
@@ -162,7 +300,7 @@ func run(ctx context.Context, workerBin, devmongoBin, mongoAddr, amqpURL, redisU
 			return errors.New("notifications did not all arrive in time")
 		}
 	}
-	say("done: every firing reached every channel once. Stopping the worker.")
+	say("done: every firing reached every channel once. Stopping the worker and cleaning up.")
 	return nil
 }
 
@@ -258,4 +396,24 @@ func waitUntil(ctx context.Context, cond func() bool) error {
 		}
 	}
 	return nil
+}
+
+// freeAddr is a free TCP address on loopback.
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// redactURL is raw without its user info.
+func redactURL(raw string) string {
+	if at := strings.LastIndex(raw, "@"); at >= 0 {
+		if scheme := strings.Index(raw, "://"); scheme >= 0 && scheme < at {
+			return raw[:scheme+3] + "…@" + raw[at+1:]
+		}
+	}
+	return raw
 }

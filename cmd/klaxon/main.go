@@ -8,6 +8,7 @@
 //	klaxon test-send --project P --rule R        a marked test message through each channel
 //	klaxon explain --project P --rule R --group G why a rule fires or not, and its state in Redis
 //	klaxon snooze --project P --rule R --for D   hold back a rule's messages for a while
+//	klaxon failed list|show ID|replay ID...      the notifications that failed for good
 //
 // It is a binary of its own rather than subcommands of the worker's: the
 // worker is a long-running service configured only by its environment, and
@@ -22,7 +23,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -32,10 +32,16 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/klaxonhq/klaxon/internal/config"
 	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/suggest"
+	"github.com/klaxonhq/klaxon/internal/version"
 )
+
+// commands are the tool's commands, for "did you mean".
+var commands = []string{"rules", "backtest", "test-send", "explain", "snooze", "failed", "help", "version"}
 
 // Exit codes.
 const (
@@ -47,7 +53,7 @@ const (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	a := &app{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}
+	a := &app{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv, environ: os.Environ}
 	os.Exit(a.run(ctx, os.Args[1:]))
 }
 
@@ -55,6 +61,7 @@ func main() {
 type app struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
+	environ        func() []string // the whole environment, for unknown variables; nil = none
 }
 
 const usage = `klaxon: the operators' tool of Klaxon.
@@ -77,6 +84,12 @@ Usage:
   klaxon snooze remove --project P --rule R [--group G]
         hold back a rule's messages (still counted and recorded) until a
         time; one summary of what was held back follows
+  klaxon failed list [--json]
+  klaxon failed show ID [--json]
+  klaxon failed replay (ID... | --all) [--json]
+        the notifications that failed for good (<KLAXON_PREFIX>.failed):
+        list them with their reasons, and send them again once fixed
+  klaxon --version
 
 Settings are the worker's environment variables (docs/configuration.md).
 Run "klaxon COMMAND --help" for a command's flags.
@@ -92,6 +105,9 @@ func (a *app) run(ctx context.Context, args []string) int {
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(a.stdout, usage)
 		return exitOK
+	case "--version", "-version", "version":
+		fmt.Fprintln(a.stdout, "klaxon", version.Read())
+		return exitOK
 	case "rules":
 		if len(args) > 1 && args[1] == "check" {
 			return a.rulesCheck(ctx, args[2:])
@@ -100,7 +116,7 @@ func (a *app) run(ctx context.Context, args []string) int {
 			fmt.Fprint(a.stdout, rulesCheckUsage)
 			return exitOK
 		}
-		fmt.Fprint(a.stderr, "klaxon rules: want a subcommand: check\n\n"+rulesCheckUsage)
+		fmt.Fprint(a.stderr, "klaxon rules: want a subcommand: check; run 'klaxon rules check --help'\n")
 		return exitUsage
 	case "backtest":
 		return a.backtest(ctx, args[1:])
@@ -110,8 +126,14 @@ func (a *app) run(ctx context.Context, args []string) int {
 		return a.explain(ctx, args[1:])
 	case "snooze":
 		return a.snooze(ctx, args[1:])
+	case "failed":
+		return a.failed(ctx, args[1:])
 	}
-	fmt.Fprintf(a.stderr, "klaxon: unknown command %q\n\n%s", args[0], usage)
+	hint := ""
+	if c := suggest.Closest(args[0], commands); c != "" {
+		hint = fmt.Sprintf(" (did you mean %q?)", c)
+	}
+	fmt.Fprintf(a.stderr, "klaxon: unknown command %q%s; run 'klaxon --help'\n", args[0], hint)
 	return exitUsage
 }
 
@@ -122,23 +144,29 @@ func isHelp(arg string) bool {
 // parse parses args with fs, flags and positional arguments in any order,
 // and returns the positional ones. done is true when the caller must return
 // code: help was asked for (printed on stdout, 0), or the arguments are
-// wrong (said on stderr, 2).
+// wrong (said on stderr in one line with where to find help, 2).
 func (a *app) parse(fs *flag.FlagSet, args []string, text string) (positional []string, code int, done bool) {
-	var out bytes.Buffer
-	fs.SetOutput(&out)
-	fs.Usage = func() {
-		fmt.Fprint(&out, text)
-		fs.PrintDefaults()
-	}
+	fs.SetOutput(io.Discard)
 	for {
 		err := fs.Parse(args)
 		switch {
 		case errors.Is(err, flag.ErrHelp):
-			a.stdout.Write(out.Bytes())
+			fmt.Fprint(a.stdout, text)
+			printFlags(a.stdout, fs)
 			return nil, exitOK, true
 		case err != nil:
-			a.stderr.Write(out.Bytes())
-			return nil, exitUsage, true
+			// The flag package names flags with one dash; the usage texts,
+			// with two.
+			msg := strings.ReplaceAll(err.Error(), " -", " --")
+			if _, name, ok := strings.Cut(msg, " for flag --"); ok {
+				name, _, _ = strings.Cut(name, ":")
+				if g, ok := fs.Lookup(name).Value.(flag.Getter); ok {
+					if _, isDuration := g.Get().(time.Duration); isDuration {
+						msg += " (want a duration such as 90s, 30m, 2h or 1h30m)"
+					}
+				}
+			}
+			return nil, a.usageError(fs.Name(), "%s", msg), true
 		}
 		if fs.NArg() == 0 {
 			return positional, exitOK, false
@@ -150,14 +178,38 @@ func (a *app) parse(fs *flag.FlagSet, args []string, text string) (positional []
 	}
 }
 
+// printFlags lists the flags of fs as the usage texts write them, with two
+// dashes (the flag package takes either).
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		name, usage := flag.UnquoteUsage(f)
+		line := "  --" + f.Name
+		if name != "" {
+			line += " " + name
+		}
+		fmt.Fprintf(w, "%s\n    \t%s", line, strings.ReplaceAll(usage, "\n", "\n    \t"))
+		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" && f.DefValue != "0s" {
+			fmt.Fprintf(w, " (default %s)", f.DefValue)
+		}
+		fmt.Fprintln(w)
+	})
+}
+
 // usageError says what is wrong with the arguments, and how to ask for help.
 func (a *app) usageError(cmd, format string, args ...any) int {
-	fmt.Fprintf(a.stderr, "klaxon %s: %s\nRun \"klaxon %s --help\" for usage.\n", cmd, fmt.Sprintf(format, args...), cmd)
+	fmt.Fprintf(a.stderr, "klaxon %s: %s (run 'klaxon %s --help')\n", cmd, fmt.Sprintf(format, args...), cmd)
 	return exitUsage
 }
 
-// config reads the worker's settings; an invalid one is a usage error.
+// config reads the worker's settings; an invalid one is a usage error. A
+// KLAXON_ variable the worker does not know is warned of, as the worker
+// does, with the one it most likely meant.
 func (a *app) config(cmd string) (config.Config, bool) {
+	if a.environ != nil {
+		for _, u := range config.Unknown(a.environ()) {
+			fmt.Fprintf(a.stderr, "klaxon %s: warning: %s\n", cmd, u)
+		}
+	}
 	cfg, err := config.Load(a.getenv)
 	if err != nil {
 		fmt.Fprintf(a.stderr, "klaxon %s: %v\n", cmd, err)

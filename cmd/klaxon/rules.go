@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io/fs"
+	"os"
 	"slices"
 	"time"
 
@@ -51,22 +52,46 @@ func readRules(ctx context.Context, cfg config.Config, file string) (*store.Snap
 // loadRules reads and validates the rules of src within the configured
 // limits, as the worker's rule cache does.
 func loadRules(ctx context.Context, src store.Source, cfg config.Config) (*store.Snapshot, error) {
+	snap, _, err := loadSpecs(ctx, src, cfg)
+	return snap, err
+}
+
+// mongoWithin bounds the wait for MongoDB to answer: a store that is down
+// or mistyped is said within 5 s, with what to check.
+const mongoWithin = 4500 * time.Millisecond
+
+// loadSpecs is loadRules, with the specs the snapshot was compiled from.
+func loadSpecs(ctx context.Context, src store.Source, cfg config.Config) (*store.Snapshot, store.Specs, error) {
 	ctx, cancel := context.WithTimeout(ctx, store.DefaultTimeout)
 	defer cancel()
+	if mongo, ok := src.(*store.MongoSource); ok {
+		if err := mongo.Reachable(ctx, mongoWithin); err != nil {
+			return nil, store.Specs{}, fmt.Errorf("%w; %s", err, cfg.RulesStoreHint())
+		}
+	}
 	specs, err := src.Load(ctx)
 	if err != nil {
-		return nil, err
+		return nil, specs, err
 	}
-	return store.CompileWithin(specs, time.Now(), cfg.Limits), nil
+	return store.CompileWithin(specs, time.Now(), cfg.Limits), specs, nil
 }
 
 const rulesCheckUsage = `Usage: klaxon rules check [FILE] [--strict] [--json]
 
 Validates rules with the worker's own loader and limits (KLAXON_MAX_*), and
-prints every error (a rule the worker would skip) and warning (a rule that
-works, but probably not as meant) with its project, rule and, in a file,
+prints every error and warning with its project, rule and, in a file,
 line. FILE is a YAML rules file; without it, KLAXON_RULES_FILE, else the
 rules in MongoDB at KLAXON_MONGO_URL.
+
+Errors: a rule the worker would skip; a channel it would never deliver on
+these settings: an endpoint the endpoint guard refuses (checked without
+sending or resolving a name: KLAXON_ALLOW_PRIVATE_NETWORKS,
+KLAXON_ALLOW_PORTS, KLAXON_SLACK_HOSTS, ...), a channel not configured here
+(email without KLAXON_SMTP_ADDR, a Telegram chat without a token), or an
+unknown channel name. Warnings: a rule that works, but probably not as
+meant (an unknown field; windows given with threshold/thresholdPeriod,
+which they replace). Unknown names come with the likeliest meant one.
+Run it with the worker's settings, as the endpoint checks depend on them.
 
 Exit status: 0 no errors (warnings allowed unless --strict), 1 errors (or
 warnings under --strict), 2 the rules could not be read at all (missing
@@ -92,6 +117,7 @@ type checkProblem struct {
 	Rule     string `json:"rule,omitempty"`
 	Line     int    `json:"line,omitempty"`
 	Reason   string `json:"reason"`
+	skipped  bool   // the worker leaves the rule (or project) out
 }
 
 func (a *app) rulesCheck(ctx context.Context, args []string) int {
@@ -121,7 +147,7 @@ func (a *app) rulesCheck(ctx context.Context, args []string) int {
 	defer closeSrc()
 
 	report := checkReport{Source: name, Problems: []checkProblem{}}
-	snap, err := loadRules(ctx, src, cfg)
+	snap, specs, err := loadSpecs(ctx, src, cfg)
 	var pathErr *fs.PathError
 	switch {
 	case err != nil && (errors.As(err, &pathErr) || !isFile(src)):
@@ -130,23 +156,37 @@ func (a *app) rulesCheck(ctx context.Context, args []string) int {
 	case err != nil:
 		// The file was read and cannot be parsed: the worker keeps its last
 		// good rules and would never load these.
-		report.Errors = 1
-		report.Problems = append(report.Problems, checkProblem{Severity: "error", Reason: err.Error()})
+		reason := err.Error()
+		if data, rerr := os.ReadFile(src.(*store.FileSource).Path()); rerr == nil {
+			reason = store.CorrectYAMLLine(reason, data)
+		}
+		report.Problems = append(report.Problems, checkProblem{Severity: "error", Reason: reason})
 	default:
 		report.Projects, report.Rules = snap.Projects(), snap.Len()
 		for _, p := range snap.Problems() {
 			cp := checkProblem{Severity: "warning", Project: p.ProjectID, Rule: p.RuleID, Line: p.Line, Reason: p.Reason}
 			if p.Skipped {
-				cp.Severity = "error"
-				report.Errors++
-			} else {
-				report.Warnings++
+				cp.Severity, cp.skipped = "error", true
 			}
-			report.Problems = append(report.Problems, cp)
+			report.Problems = append(report.Problems, withSuggestion(cp))
 		}
+		// What a send would meet on these settings, and what the loader
+		// takes silently.
+		added := append(deliveryProblems(cfg, snap, specs), windowProblems(specs)...)
+		slices.SortFunc(added, func(x, y checkProblem) int {
+			return cmp.Or(cmp.Compare(x.Project, y.Project), cmp.Compare(x.Rule, y.Rule), cmp.Compare(x.Reason, y.Reason))
+		})
+		report.Problems = append(report.Problems, added...)
 		// In a file, in the order of the file; problems without a line
 		// (a project's) first.
 		slices.SortStableFunc(report.Problems, func(x, y checkProblem) int { return cmp.Compare(x.Line, y.Line) })
+	}
+	for _, p := range report.Problems {
+		if p.Severity == "error" {
+			report.Errors++
+		} else {
+			report.Warnings++
+		}
 	}
 
 	if *asJSON {
@@ -183,7 +223,7 @@ func printCheck(a *app, r checkReport) {
 			what = fmt.Sprintf("project %s: ", p.Project)
 		}
 		suffix := ""
-		if p.Severity == "error" && p.Project != "" {
+		if p.Severity == "error" && p.Project != "" && p.skipped {
 			suffix = " (skipped)"
 		}
 		fmt.Fprintf(a.stdout, "%s: %s: %s%s%s\n", where, p.Severity, what, p.Reason, suffix)

@@ -4,8 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
@@ -122,6 +125,118 @@ func TestRulesCheckMongo(t *testing.T) {
 	}
 	if strings.Contains(r.stdout+r.stderr, "example.com") {
 		t.Errorf("an endpoint was printed:\n%s", r.stdout)
+	}
+}
+
+// A MongoDB that does not answer is an error within about 5 s naming what
+// to change, not a topology dump after 10 s of silence.
+func TestRulesCheckSaysMongoDoesNotAnswer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	start := time.Now()
+	r := klaxon(t, map[string]string{"KLAXON_MONGO_URL": "mongodb://" + addr + "/hawk"}, "rules", "check")
+	if took := time.Since(start); took > 6*time.Second {
+		t.Errorf("answered after %v, want about 5 s at most", took)
+	}
+	if r.code != exitUsage || !strings.Contains(r.stderr, "MongoDB did not answer") || !strings.Contains(r.stderr, "KLAXON_MONGO_URL") ||
+		!strings.Contains(r.stderr, "KLAXON_RULES_FILE") || strings.Contains(r.stderr, "topology") || strings.Count(r.stderr, "\n") != 1 {
+		t.Errorf("exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+// rules check reports what a send would meet on the worker's settings, as
+// test-send finds out by sending: an endpoint the guard refuses, a channel
+// the worker has not configured, an unknown channel (with the one meant);
+// and warns of windows that silently replace threshold/thresholdPeriod.
+// None of it is found by sending or resolving: the check stays offline.
+func TestRulesCheckReportsWhatASendWouldMeet(t *testing.T) {
+	file := writeTemp(t, "rules.yml", `5e3eef0679fa3700a0198a49:
+  - id: refused
+    isEnabled: true
+    whatToReceive: ONLY_NEW
+    channels:
+      webhook: {isEnabled: true, endpoint: "http://127.0.0.1:8080/hook", minPeriod: 0}
+      slack: {isEnabled: true, endpoint: "https://chat.example.com/hook", minPeriod: 0}
+      email: {isEnabled: true, endpoint: "ops@example.com", minPeriod: 0}
+      slak: {isEnabled: true, endpoint: "https://hooks.slack.com/services/T/B/x", minPeriod: 0}
+  - id: both
+    isEnabled: true
+    whatToReceive: SEEN_MORE
+    threshold: 100
+    thresholdPeriod: 60000
+    windows: [{threshold: 5, period: 1000}]
+    inclding: [x]
+    channels:
+      webhook: {isEnabled: true, endpoint: "https://example.com:8443/hook", minPeriod: 0}
+  - id: fine
+    isEnabled: true
+    whatToReceive: ONLY_NEW
+    channels:
+      webhook: {isEnabled: true, endpoint: "https://example.com/hook", minPeriod: 0}
+      slack: {isEnabled: true, endpoint: "https://hooks.slack.com/services/T/B/x", minPeriod: 0}
+`)
+	check := func(env map[string]string) checkReport {
+		t.Helper()
+		r := klaxon(t, env, "rules", "check", "--json", file)
+		if r.code != exitProblem {
+			t.Fatalf("exit %d, want 1:\n%s%s", r.code, r.stdout, r.stderr)
+		}
+		var report checkReport
+		if err := json.Unmarshal([]byte(r.stdout), &report); err != nil {
+			t.Fatal(err)
+		}
+		return report
+	}
+	report := check(nil)
+	want := []struct {
+		severity, rule, reason string
+		line                   int
+	}{
+		{"error", "refused", `channel webhook: the worker's endpoint guard would refuse it: it resolves to 127.0.0.1, a loopback address; allow it with KLAXON_ALLOW_PRIVATE_NETWORKS`, 2},
+		{"error", "refused", `channel slack: the worker's endpoint guard would refuse it: host chat.example.com with this path is not one of hooks.slack.com/services/ (KLAXON_SLACK_HOSTS)`, 2},
+		{"error", "refused", `channel email: email is not configured on the worker: set KLAXON_SMTP_ADDR`, 2},
+		{"error", "refused", `channel "slak" is not one of email, telegram, slack, webhook, loop: its notifications would never be sent (did you mean "slack"?)`, 2},
+		{"error", "both", `channel webhook: the worker's endpoint guard would refuse it: port 8443 is not one of 80, 443; allow it with KLAXON_ALLOW_PORTS`, 10},
+		{"warning", "both", `windows replace threshold and thresholdPeriod`, 10},
+		{"warning", "both", `unknown field "inclding" ignored (did you mean "including"?)`, 16},
+	}
+	for _, w := range want {
+		found := slices.ContainsFunc(report.Problems, func(p checkProblem) bool {
+			return p.Severity == w.severity && p.Rule == w.rule && p.Line == w.line && strings.HasPrefix(p.Reason, w.reason)
+		})
+		if !found {
+			t.Errorf("no %s for rule %s on line %d: %q\nin %+v", w.severity, w.rule, w.line, w.reason, report.Problems)
+		}
+	}
+	if report.Errors != 5 || report.Warnings != 2 || len(report.Problems) != 7 {
+		t.Errorf("%d errors, %d warnings, %d problems; want 5, 2, 7: %+v", report.Errors, report.Warnings, len(report.Problems), report.Problems)
+	}
+	for _, p := range report.Problems {
+		if strings.Contains(p.Reason, "/hook") || strings.Contains(p.Reason, "ops@") {
+			t.Errorf("a reason holds an endpoint: %q", p.Reason)
+		}
+	}
+
+	// The same rules on settings that allow them: no error is left.
+	report = check(map[string]string{"KLAXON_ALLOW_PRIVATE_NETWORKS": "127.0.0.0/8", "KLAXON_ALLOW_PORTS": "443,8443",
+		"KLAXON_SLACK_HOSTS": "hooks.slack.com/services/,chat.example.com", "KLAXON_SMTP_ADDR": "127.0.0.1:25"})
+	if report.Errors != 1 || report.Warnings != 2 { // the unknown channel stays
+		t.Errorf("allowed: %d errors, %d warnings; want 1, 2: %+v", report.Errors, report.Warnings, report.Problems)
+	}
+}
+
+// A YAML syntax error is reported on the line it is on: yaml.v3 says the
+// line of the enclosing block, and an indentation slip on line 4 read
+// "line 1".
+func TestRulesCheckReportsTheLineOfAYAMLError(t *testing.T) {
+	file := writeTemp(t, "rules.yml", "5e3eef0679fa3700a0198a49:\n  - id: a\n    isEnabled: true\n   whatToReceive: ONLY_NEW\n")
+	r := klaxon(t, nil, "rules", "check", file)
+	if r.code != exitProblem || !strings.Contains(r.stdout, "yaml: line 4: ") {
+		t.Errorf("exit %d, stdout %q", r.code, r.stdout)
 	}
 }
 

@@ -14,6 +14,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/klaxonhq/klaxon/internal/counter"
+	"github.com/klaxonhq/klaxon/internal/evaluator"
+	"github.com/klaxonhq/klaxon/internal/event"
 	"github.com/klaxonhq/klaxon/internal/netguard"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/notify/channels"
@@ -27,7 +30,9 @@ Sends one test message, marked "[TEST]" in its title and with an id
 starting "test-", to each enabled channel of rule R of project P (or to
 channel C alone), through the worker's own channel code: the same
 endpoint checks (KLAXON_ALLOW_PRIVATE_NETWORKS, KLAXON_SLACK_HOSTS, …),
-rendering and error classification. It says how each provider answered,
+rendering and error classification. The message is made as a firing of
+the rule is: the project's name, the rule's description and the event's
+link (KLAXON_EVENT_URL) are those a real firing shows. It says how each provider answered,
 in words ("Slack says the webhook was revoked or does not exist (404
 no_service)"), and whether the worker would retry such a failure. It
 bypasses minPeriod and digests, and sends once, without retries.
@@ -103,7 +108,7 @@ func (a *app) testSend(ctx context.Context, args []string) int {
 
 	report := sendReport{ProjectID: rule.ProjectID, RuleID: rule.ID, ID: testID()}
 	msg := &notify.Message{ID: report.ID, ProjectID: rule.ProjectID, RuleID: rule.ID,
-		Notifications: []notify.Notification{testNotification(rule, report.ID, time.Now())}}
+		Notifications: []notify.Notification{testNotification(rule, report.ID, cfg.EventURL, time.Now())}}
 	code = exitOK
 	for _, c := range targets {
 		res := sendResult{Channel: c.Name}
@@ -155,29 +160,34 @@ func testID() string {
 	return "test-" + hex.EncodeToString(b)
 }
 
-// testNotification is a firing of rule as the worker would render it,
-// marked as a test in the title every channel shows.
-func testNotification(r *rules.Rule, id string, now time.Time) notify.Notification {
-	n := notify.Notification{
-		ID: id, Type: notify.TypeNew, ProjectID: r.ProjectID, RuleID: r.ID, Count: 1,
-		Event: notify.Event{
-			Title:     "[TEST] Klaxon test message for rule " + r.ID + ": no error happened, nothing to do",
-			GroupHash: "klaxon-test-send",
-		},
-		FiredAt: now.UTC(), Windows: []notify.WindowStatus{},
+// testGroup is the group of a test message's made-up event.
+const testGroup = "klaxon-test-send"
+
+// testNotification is a firing of rule as the worker makes it, by the
+// evaluator's own builder (evaluator.Notification and EventURL, as its
+// jobs are made): the project's name, the rule's description and the
+// event's link (KLAXON_EVENT_URL) are a real firing's. Only the event is
+// made up, marked as a test in the title every channel shows, and a
+// threshold rule's windows are shown as just reached.
+func testNotification(r *rules.Rule, id, eventURL string, now time.Time) notify.Notification {
+	if !r.OnlyNew && len(r.Windows) == 0 {
+		only := *r
+		only.OnlyNew = true
+		r = &only
 	}
-	if r.OnlyNew || len(r.Windows) == 0 {
-		return n
+	m := event.Message{ProjectID: r.ProjectID, Event: event.Event{
+		Title:     "[TEST] Klaxon test message for rule " + r.ID + ": no error happened, nothing to do",
+		GroupHash: testGroup, IsNew: r.OnlyNew,
+	}}
+	ev := counter.Event{ID: id, ProjectID: r.ProjectID, GroupHash: testGroup, Time: now, Rules: []*rules.Rule{r}}
+	o := counter.Outcome{Rule: r, Fired: true, ID: id, At: now}
+	if !r.OnlyNew {
+		for _, w := range r.Windows {
+			o.Counts = append(o.Counts, w.Threshold)
+		}
 	}
-	n.Type, n.CountBy = notify.TypeThreshold, rules.CountEvents
-	if r.Users {
-		n.CountBy = rules.CountUsers
-	}
-	for _, w := range r.Windows {
-		n.Windows = append(n.Windows, notify.WindowStatus{Threshold: w.Threshold, Period: w.Period.Milliseconds(),
-			Count: w.Threshold, ResetAt: now.Add(w.Period).UTC()})
-	}
-	n.Count, n.Threshold, n.Period = n.Windows[0].Count, n.Windows[0].Threshold, n.Windows[0].Period
+	n := evaluator.Notification(&ev, &m, &o)
+	n.Event.URL = evaluator.EventURL(eventURL, r.ProjectID, testGroup)
 	return n
 }
 

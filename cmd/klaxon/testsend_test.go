@@ -155,3 +155,58 @@ func TestTestSendOneChannelAndRefusals(t *testing.T) {
 		t.Errorf("no project: exit %d", r.code)
 	}
 }
+
+// A test message is what a firing of the rule shows: the worker's firing
+// and test-send's message of the same rule differ only in what the made-up
+// event and the test marker make different (id, times, title, group and
+// the link built from it). Test-send once sent an empty projectName,
+// ruleDescription and url where a firing had them.
+func TestTestSendRendersAsAFiring(t *testing.T) {
+	in := startInstallation(t)
+	in.publish(t, "TypeError: x is undefined", "g1")
+	reqs, err := in.sink.WaitFor(1, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := klaxon(t, in.env, "test-send", "--project", projectA, "--rule", "new-errors")
+	if r.code != exitOK {
+		t.Fatalf("test-send: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	reqs, err = in.sink.WaitFor(2, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var firing, test map[string]any
+	if err := reqs[0].JSON(&firing); err != nil {
+		t.Fatal(err)
+	}
+	if err := reqs[1].JSON(&test); err != nil {
+		t.Fatal(err)
+	}
+	if firing["projectName"] != "Shop" || firing["ruleDescription"] == "" {
+		t.Fatalf("the firing itself lacks a project name or description: %v", firing)
+	}
+	fe, te := firing["event"].(map[string]any), test["event"].(map[string]any)
+	if fe["url"] != "https://hawk.example.com/p/"+projectA+"/e/g1" || te["url"] != "https://hawk.example.com/p/"+projectA+"/e/"+testGroup {
+		t.Errorf("links: firing %v, test %v", fe["url"], te["url"])
+	}
+	if !strings.HasPrefix(test["id"].(string), "test-") || !strings.Contains(te["title"].(string), "[TEST]") {
+		t.Errorf("the test message is not marked: %v", test)
+	}
+	for _, body := range []map[string]any{firing, test} {
+		delete(body, "id")
+		delete(body, "firedAt")
+		ev := body["event"].(map[string]any)
+		for _, k := range []string{"title", "groupHash", "url", "repetitionId"} {
+			delete(ev, k)
+		}
+	}
+	f, _ := json.Marshal(firing)
+	g, _ := json.Marshal(test)
+	if string(f) != string(g) {
+		t.Errorf("test-send renders unlike a firing:\nfiring %s\ntest   %s", f, g)
+	}
+	if reqs[0].Header.Get("Content-Type") != reqs[1].Header.Get("Content-Type") {
+		t.Errorf("content types differ: %q, %q", reqs[0].Header.Get("Content-Type"), reqs[1].Header.Get("Content-Type"))
+	}
+}

@@ -18,7 +18,7 @@ import (
 // buildBinary builds the worker as users build it.
 func buildBinary(t *testing.T) string {
 	t.Helper()
-	bin := t.TempDir() + "/klaxon"
+	bin := t.TempDir() + "/klaxon-worker"
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
@@ -200,5 +200,96 @@ func TestBinaryWaitsForTheBrokerBehindHealthz(t *testing.T) {
 	stopBinary(t, cmd, exited, stderr)
 	if n := strings.Count(stderr.String(), `"msg":"rabbitmq unavailable"`); n != 1 {
 		t.Errorf("logged the outage %d times, want once:\n%s", n, stderr.String())
+	}
+}
+
+// The worker takes no arguments but --version and --help. Anything else
+// stops it with one line before it starts anything: "bin/klaxon --help"
+// once started a worker with default settings against the real broker.
+func TestBinaryArguments(t *testing.T) {
+	bin := buildBinary(t)
+	run := func(args ...string) (int, string, string) {
+		cmd := exec.Command(bin, args...)
+		// Were it to start, it would find nothing to talk to.
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "KLAXON_HTTP_ADDR=" + freeAddr(t),
+			"KLAXON_AMQP_URL=amqp://guest:guest@" + freeAddr(t) + "/", "KLAXON_RULES_FILE=/nonexistent"}
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		done := make(chan error, 1)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+			t.Fatalf("%v: still running after 10 s: it started a worker\n%s", args, stderr.String())
+		}
+		return cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
+	}
+	if code, out, _ := run("--version"); code != 0 || !strings.HasPrefix(out, "klaxon-worker ") || !strings.Contains(out, "commit ") {
+		t.Errorf("--version: exit %d, stdout %q", code, out)
+	}
+	for _, help := range []string{"--help", "-h"} {
+		if code, out, _ := run(help); code != 0 || !strings.Contains(out, "Usage") || !strings.Contains(out, "KLAXON_") {
+			t.Errorf("%s: exit %d, stdout %q", help, code, out)
+		}
+	}
+	for _, args := range [][]string{{"--nope"}, {"run"}, {"rules", "check"}, {"--version", "extra"}, {"-config=klaxon.yml"}} {
+		code, out, errOut := run(args...)
+		if code != 2 || out != "" || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, "run 'klaxon-worker --help'") {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want exit 2 and one line", args, code, out, errOut)
+		}
+	}
+}
+
+// A misspelt variable and a MongoDB that does not answer are said within
+// 5 s of start, naming what to change: KLAXON_RULE_FILE once left the
+// worker reading MongoDB, which logged a topology dump 5 s later.
+func TestBinarySaysWhatIsWrongWithItsSettings(t *testing.T) {
+	bin := buildBinary(t)
+	addr := freeAddr(t)
+	cmd := exec.Command(bin)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "KLAXON_HTTP_ADDR=" + addr,
+		"KLAXON_RULE_FILE=/etc/klaxon/rules.yml",
+		"KLAXON_MONGO_URL=mongodb://" + freeAddr(t) + "/hawk",     // nothing listens there
+		"KLAXON_AMQP_URL=amqp://guest:guest@" + freeAddr(t) + "/"} // nor there
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
+	started := time.Now()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		cmd.Process.Kill()
+		<-exited
+	}()
+	logged := func(part string) bool { return strings.Contains(stderr.String(), part) }
+	waitFor(t, 5*time.Second, "the warnings", func() bool {
+		return logged(`"variable":"KLAXON_RULE_FILE","did_you_mean":"KLAXON_RULES_FILE"`) &&
+			logged(`"msg":"rules not loaded yet"`)
+	})
+	if took := time.Since(started); took > 5*time.Second {
+		t.Errorf("warned after %v, want within 5 s", took)
+	}
+	for line := range strings.Lines(stderr.String()) {
+		if strings.Contains(line, "rules not loaded yet") &&
+			(!strings.Contains(line, "MongoDB did not answer") || !strings.Contains(line, "KLAXON_MONGO_URL") ||
+				!strings.Contains(line, "KLAXON_RULES_FILE") || strings.Contains(line, "topology")) {
+			t.Errorf("the warning does not say what to change: %s", line)
+		}
+	}
+	resp, err := http.Get("http://" + addr + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "KLAXON_MONGO_URL") {
+		t.Errorf("/readyz answered %d %q, want 503 naming KLAXON_MONGO_URL", resp.StatusCode, body)
 	}
 }

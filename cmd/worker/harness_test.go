@@ -83,7 +83,7 @@ func newHarness(t *testing.T) *harness {
 		"KLAXON_LOOP_HOSTS":             "127.0.0.1/hooks/",
 	}
 	var queues []string
-	for _, q := range []string{"deliveries", "failed"} {
+	for _, q := range []string{"deliveries", "deliveries.bulk", "failed"} {
 		queues = append(queues, h.prefix+"."+q)
 	}
 	for _, d := range []string{"100ms", "250ms", "500ms", "1s", "2s", "4s", "8s", "16s", "32s", "1m4s", "2m8s", "4m16s", "8m32s"} {

@@ -1,4 +1,4 @@
-// Command klaxon is the Klaxon worker: it consumes Hawk's error events from
+// Command klaxon-worker is the Klaxon worker: it consumes Hawk's error events from
 // RabbitMQ, counts them against each project's notification rules in Redis,
 // and notifies by email, Telegram, Slack, Loop or webhook when a rule fires.
 //
@@ -12,13 +12,18 @@
 //	queue.Consumer (<prefix>.deliveries)
 //	  → deliverer: claim → minPeriod digest → notify channel → record, or retry later
 //
-// Every setting is an environment variable; see docs/configuration.md.
+// Every setting is an environment variable; see docs/configuration.md. The
+// worker takes no arguments but --version and --help: anything else is an
+// error before anything starts, so that a mistyped command never runs a
+// worker with default settings against the real broker. The operators'
+// tool is the other binary, klaxon (cmd/klaxon).
 package main
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"net"
@@ -31,6 +36,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -52,16 +58,23 @@ import (
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/store"
 	"github.com/klaxonhq/klaxon/internal/storm"
+	"github.com/klaxonhq/klaxon/internal/version"
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
 func main() {
+	if code, done := arguments(os.Args[1:], os.Stdout, os.Stderr); done {
+		os.Exit(code)
+	}
 	cfg, err := config.Load(os.Getenv)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "klaxon:", err)
+		fmt.Fprintln(os.Stderr, "klaxon-worker:", err)
 		os.Exit(2)
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	for _, u := range config.Unknown(os.Environ()) {
+		log.Warn("unknown variable ignored", "variable", u.Name, "did_you_mean", u.Suggestion)
+	}
 	// go-redis logs through one package-level logger (its own lines on
 	// stderr by default, 5-20 "failed to dial" a Sentinel failover), and
 	// offers no per-client one: set it once, here, so that stderr stays
@@ -115,13 +128,59 @@ func main() {
 	log.Info("klaxon stopped")
 }
 
+const help = `klaxon-worker: the Klaxon worker. It consumes Hawk's events from RabbitMQ,
+counts them against each project's rules in Redis and sends notifications.
+
+Usage:
+  klaxon-worker            run, configured by KLAXON_* environment variables
+  klaxon-worker --version  print the version, commit and build time
+  klaxon-worker --help     print this text
+
+Every setting is an environment variable (docs/configuration.md); the
+worker takes no other arguments. /metrics, /healthz and /readyz are served
+on KLAXON_HTTP_ADDR [127.0.0.1:9464]. The operators' tool is "klaxon"
+(rules check, test-send, failed list|show|replay, ...).
+`
+
+// arguments handles the worker's command line: --version and --help print
+// and exit 0; any other argument is an error (exit 2) before anything
+// starts. done is false when there are none and the worker should run.
+func arguments(args []string, stdout, stderr io.Writer) (code int, done bool) {
+	if len(args) == 0 {
+		return 0, false
+	}
+	switch args[0] {
+	case "--version", "-version", "version":
+		if len(args) == 1 {
+			fmt.Fprintln(stdout, "klaxon-worker", version.Read())
+			return 0, true
+		}
+	case "--help", "-help", "-h", "help":
+		if len(args) == 1 {
+			fmt.Fprint(stdout, help)
+			return 0, true
+		}
+	}
+	fmt.Fprintf(stderr, "klaxon-worker: unexpected argument %q: the worker takes its settings from KLAXON_* variables only; run 'klaxon-worker --help'\n", strings.Join(args, " "))
+	return 2, true
+}
+
 // stopDeadline is how long main lets run stop after a signal before exiting
 // anyway; docs/contract.md §7 promises an exit within 10 s.
 const stopDeadline = 9500 * time.Millisecond
 
 // run wires the worker from cfg and runs it until ctx is cancelled.
 func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
-	log.Info("klaxon starting", "config", cfg)
+	log.Info("klaxon starting", "version", version.Read().String(), "config", cfg)
+	if cfg.EndpointKey == "" {
+		// Said once, at start: an operator who never read the setting's
+		// documentation learns that the queues and Redis hold secrets.
+		log.Warn("endpoints are kept in clear: "+config.EnvEndpointKey+" is unset",
+			"setting", config.EnvEndpointKey,
+			"holds", "the endpoints of rules: webhook, Slack and Loop URLs with their tokens, Telegram chat ids, email addresses",
+			"where", "delivery jobs, retry and failed queues in RabbitMQ; pending digests and storms in Redis",
+			"fix", "set "+config.EnvEndpointKey+" to a base64 key of 32 bytes to seal them")
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
@@ -140,8 +199,18 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		return err
 	}
 	defer pub.Close()
+	// The deliverer publishes on a connection of its own: a storm of jobs
+	// put back for their turn (hundreds at once, each a publish) must not
+	// make the evaluator's publishes wait behind them, nor the other way.
+	dpub, err := queue.NewPublisher(queue.PublisherConfig{URL: cfg.AMQPURL, ConnectionName: "klaxon-deliverer-publisher", MaxChannels: 512, MaxIdleChannels: 512,
+		QueueType: queue.Type(cfg.QueueType), Logger: log})
+	if err != nil {
+		return err
+	}
+	defer dpub.Close()
 
-	cache, closeRules, err := ruleCache(cfg, log, m)
+	var lastLoad atomic.Pointer[error] // of the last failed load, for /readyz
+	cache, closeRules, err := ruleCache(cfg, log, m, &lastLoad)
 	if err != nil {
 		return err
 	}
@@ -170,6 +239,9 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			defer reader.Close(context.Background())
 			groups = reader
 		}
+		// One per worker, shared by its evaluators: a project's share of
+		// the delivery queue is the worker's to count.
+		lanes := &evaluator.Lanes{Bulk: wire.BulkQueue(cfg.Prefix)}
 		// One consumer per incoming queue, each on its own connection: a
 		// queue deleted or refused holds up its own consumer only. And one
 		// evaluator per queue, sharing everything but the lock that lets
@@ -186,6 +258,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 				DeadQueue:     wire.DeadQueue(cfg.Queue),
 				DeliveryQueue: wire.DeliveryQueue(cfg.Prefix),
 				FailedQueue:   wire.FailedQueue(cfg.Prefix),
+				Lanes:         lanes,
 				EventURL:      cfg.EventURL,
 				Keys:          cfg.EndpointKeys(),
 				Log:           log.With("stage", "evaluator"),
@@ -211,29 +284,41 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 
 	// The delivery queues exist whatever the role: evaluators publish to them.
-	chans, err := channels.Build(cfg, deliverPrefetch)
+	chans, err := channels.Build(cfg, cfg.MaxSendsPerHost)
 	if err != nil {
 		return err
 	}
 	deadBounds := queue.Bounds{MaxMessages: cfg.DeadMaxMessages, MaxBytes: cfg.DeadMaxBytes}
 	dlv := deliverer.New(deliverer.Config{Prefix: cfg.Prefix, Queue: wire.DeliveryQueue(cfg.Prefix), SendTimeout: cfg.SendTimeout,
 		FailedBounds: deadBounds, DigestMaxFirings: cfg.DigestMaxFirings, DigestMaxBytes: cfg.DigestMaxBytes,
-		MaxSendsPerDestination: cfg.MaxSendsPerDestination, MaxSendsPerProject: cfg.MaxSendsPerProject,
+		MaxSends: cfg.MaxSends, MaxSendsPerHost: cfg.MaxSendsPerHost, MaxSendsPerProject: cfg.MaxSendsPerProject,
 		CircuitTimeouts: cfg.CircuitTimeouts, CircuitOpen: cfg.CircuitOpen,
 		WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout, Keys: cfg.EndpointKeys(),
-		Redis: rdb, Publisher: pub, Channels: chans, Logger: log.With("stage", "deliverer"), Metrics: m})
+		Redis: rdb, Publisher: dpub, Channels: chans, Logger: log.With("stage", "deliverer"), Metrics: m})
 	if cfg.Role.Delivers() {
-		c, err := queue.NewConsumer(queue.ConsumerConfig{
-			URL: cfg.AMQPURL, Queue: dlv.Queue(), QueueType: queue.Type(cfg.QueueType), ConnectionName: "klaxon-deliverer",
-			Prefetch: deliverPrefetch, MaxBatch: deliverBatch, Concurrency: deliverConcurrency,
-			Logger: log.With("stage", "deliverer"), Hooks: batchHooks(m, "deliverer", dlv.Queue()),
-		})
-		if err != nil {
-			return err
+		// The main lane and the bulk lane (evaluator.Lanes) each have half
+		// of the jobs a worker works on: a flood in the bulk lane never
+		// holds the main lane's jobs back.
+		main, bulk := dlv.Queues()
+		var lanes []*queue.Consumer
+		for _, q := range []string{main, bulk} {
+			c, err := queue.NewConsumer(queue.ConsumerConfig{
+				URL: cfg.AMQPURL, Queue: q, QueueType: queue.Type(cfg.QueueType), ConnectionName: "klaxon-deliverer " + q,
+				Prefetch: cfg.MaxSends / 2, MaxBatch: 1, Concurrency: cfg.MaxSends / 2, MaxHeldBytes: cfg.MaxHeldBytes / 2,
+				Logger: log.With("stage", "deliverer"), Hooks: batchHooks(m, "deliverer", q),
+			})
+			if err != nil {
+				return err
+			}
+			consumers = append(consumers, consumer{"deliverer", q, c})
+			lanes = append(lanes, c)
 		}
-		consumers = append(consumers, consumer{"deliverer", dlv.Queue(), c})
 		work = append(work, func(ctx context.Context) error {
-			err := c.Consume(ctx, dlv.Handle)
+			var tasks []func(context.Context) error
+			for _, c := range lanes {
+				tasks = append(tasks, func(ctx context.Context) error { return c.Consume(ctx, dlv.Handle) })
+			}
+			err := runAll(ctx, tasks)
 			// Sends whose outcome Redis refused are known only to this
 			// process: record them before it goes.
 			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), flushTimeout)
@@ -249,6 +334,9 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		"redis": func(ctx context.Context) error { return redisReady(ctx, rdb, cfg.WaitReplicas) },
 		"rules": func(context.Context) error {
 			if !cache.Ready() {
+				if err := lastLoad.Load(); err != nil {
+					return fmt.Errorf("no rules loaded yet: %v; %s", *err, cfg.RulesStoreHint())
+				}
 				return errors.New("no rules loaded yet")
 			}
 			return nil
@@ -287,7 +375,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	start := func(ctx context.Context) error {
 		if err := cache.Refresh(ctx); err != nil {
 			// Not fatal: the store may come up later; until then /readyz says no.
-			log.Warn("rules not loaded yet", "error", err)
+			log.Warn("rules not loaded yet", "error", err, "hint", cfg.RulesStoreHint())
 		}
 		if cfg.Role.Evaluates() {
 			if err := pub.Declare(ctx, wire.DeadQueue(cfg.Queue), deadBounds.Args()); err != nil {
@@ -301,7 +389,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 				}
 			}
 		}
-		if err := dlv.Declare(ctx, pub); err != nil {
+		if err := dlv.Declare(ctx, dpub); err != nil {
 			return err
 		}
 		log.Info("klaxon running", "role", cfg.Role, "queues", consumedQueues(cfg), "http", ln.Addr().String(), "channels", channelNames(chans))
@@ -311,7 +399,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		func(ctx context.Context) error { return serve(ctx, srv, ln, log) },
 		func(ctx context.Context) error { return watch(ctx, checks, m, log) },
 		func(ctx context.Context) error {
-			return depths(ctx, pub, append(consumedQueues(cfg), wire.DeliveryQueue(cfg.Prefix)), m)
+			return depths(ctx, pub, append(consumedQueues(cfg), wire.DeliveryQueue(cfg.Prefix), wire.BulkQueue(cfg.Prefix)), m)
 		},
 		start,
 	})
@@ -357,50 +445,37 @@ func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
 // inside the 10 s a stop may take.
 const flushTimeout = 5 * time.Second
 
-func deliveryQueue(cfg config.Config) string { return cfg.Prefix + ".deliveries" }
-
-// How the deliverer consumes its queue. The prefetch bounds the delivery
-// jobs one worker holds unacked (docs/configuration.md), and with them the
-// sends under way at once. Within it, every job is a batch of its own,
-// handled and acked on its own, up to the whole prefetch at once.
-//
-// Deliverer.Handle returns only when every job of its batch is done, each
-// bounded by KLAXON_SEND_TIMEOUT. A provider that hangs therefore holds the
-// slot of each batch that has one of its jobs, for up to that timeout, and
-// the jobs behind wait for a free slot. Jobs gain nothing from sharing a
-// batch (each has its own claim, send and record in Redis), so the smallest
-// batch isolates best: a hung job pins itself, not seven healthy neighbours.
-// Say a tenth of the jobs go to a provider that stopped answering: with
-// batches of 8 in 8 slots, 57% of the batches hang and about 110 jobs get
-// through per timeout; with 64 batches of 1, about 640 do (before: 64). Only
-// when all 64 jobs held hang does delivery wait, as under any bound on held
-// jobs. The cost, an ack frame and a handler call per job, is nothing next
-// to a send.
-const (
-	deliverPrefetch    = 64
-	deliverBatch       = 1
-	deliverConcurrency = deliverPrefetch
-)
+// How the deliverer consumes its queue: every job is a batch of its own,
+// handled and acked on its own, up to KLAXON_MAX_SENDS of them at once,
+// each on its own goroutine. A hung send then pins its own job and
+// nothing else: what bounds the jobs one host, project or channel may hold
+// is the deliverer's budgets, shares of that total, not the prefetch. Jobs
+// gain nothing from sharing a batch (each has its own claim, send and
+// record in Redis); the cost, an ack frame and a handler call per job, is
+// nothing next to a send.
 
 // redisPoolSize is how many Redis connections a worker may need at once
-// (each a cluster node's, on a cluster): one for each delivery job in
-// flight, which holds one while it claims or records (with its WAIT, when
-// KLAXON_REDIS_WAIT_REPLICAS asks for one), one for each batch of each
-// incoming queue, and ten for the rest (storms, the limiter, readiness
-// probes). go-redis' own default, ten per Go processor, gave a worker on
-// one processor ten for its 64 delivery jobs: a burst of sends queued for
-// connections before recording, and a kill then repeated more of them.
-// Connections are opened only when needed.
+// (each a cluster node's, on a cluster): one for each batch of each
+// incoming queue, deliveryConns for the delivery jobs, which hold one only
+// while they claim or record (a hung send holds none), and ten for the
+// rest (storms, the limiter, readiness probes). go-redis' own default, ten
+// per Go processor, gave a worker on one processor ten for its delivery
+// jobs: a burst of sends queued for connections before recording, and a
+// kill then repeated more of them. Connections are opened only when needed.
 func redisPoolSize(queues, batchesInFlight int) int {
-	return deliverConcurrency + queues*max(batchesInFlight, 1) + 10
+	return deliveryConns + queues*max(batchesInFlight, 1) + 10
 }
 
+// deliveryConns is the Redis connections the delivery jobs share.
+const deliveryConns = 128
+
 // ruleCache builds the rule source of cfg and a cache in front of it.
-func ruleCache(cfg config.Config, log *slog.Logger, m *metrics.Metrics) (*store.Cache, func(), error) {
+// A failed load is kept in lastLoad.
+func ruleCache(cfg config.Config, log *slog.Logger, m *metrics.Metrics, lastLoad *atomic.Pointer[error]) (*store.Cache, func(), error) {
 	var src store.Source
 	closeSrc := func() {}
 	if cfg.RulesFile != "" {
-		src = store.NewFileSource(cfg.RulesFile)
+		src = rulesFile{store.NewFileSource(cfg.RulesFile)}
 	} else {
 		mongo, err := newMongoSource(cfg.MongoURL, cfg.MongoDatabase, log.With("stage", "rules"))
 		if err != nil {
@@ -420,6 +495,7 @@ func ruleCache(cfg config.Config, log *slog.Logger, m *metrics.Metrics) (*store.
 		Logger:   log.With("stage", "rules"),
 		OnLoad: func(r store.LoadResult) {
 			if r.Err != nil {
+				lastLoad.Store(&r.Err)
 				m.RuleLoads.WithLabelValues("error").Inc()
 				m.Up.WithLabelValues("rules").Set(0)
 				return
@@ -502,6 +578,7 @@ func batchHooks(m *metrics.Metrics, stage, name string) queue.Hooks {
 	consuming := m.Consuming.WithLabelValues(name)
 	consuming.Set(0)
 	held := m.HeldBytes.WithLabelValues(name)
+	pauses := m.ConsumerPauses.WithLabelValues(name) // the queue, as held bytes; the stage is klaxon_batches_total's
 	return queue.Hooks{
 		Connection: func(up bool) { consuming.Set(boolFloat(up)) },
 		Batch: func(r queue.BatchResult) {
@@ -512,7 +589,7 @@ func batchHooks(m *metrics.Metrics, stage, name string) queue.Hooks {
 			m.Batches.WithLabelValues(stage, outcome).Inc()
 		},
 		Held:   func(b int64) { held.Set(float64(b)) },
-		Paused: m.ConsumerPauses.WithLabelValues(stage).Inc,
+		Paused: pauses.Inc,
 	}
 }
 

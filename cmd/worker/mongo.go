@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/klaxonhq/klaxon/internal/store"
 )
@@ -19,9 +20,15 @@ import (
 type mongoSource struct {
 	url, database string
 
-	mu  sync.Mutex
-	src *store.MongoSource // nil until built
+	mu     sync.Mutex
+	src    *store.MongoSource // nil until built
+	loaded bool               // a load succeeded: no more pings first
 }
+
+// reachWithin bounds the ping that precedes every load until one succeeds:
+// a MongoDB that is down or mistyped is said, in words, within 5 s of start
+// rather than as the driver's topology dump at the end of a load's timeout.
+const reachWithin = 4 * time.Second
 
 // newMongoSource builds the source now if it can. Only a failed DNS lookup
 // is put off; any other error is the URL's and stops the worker at once.
@@ -56,7 +63,21 @@ func (s *mongoSource) Load(ctx context.Context) (store.Specs, error) {
 	if err != nil {
 		return store.Specs{}, err
 	}
-	return src.Load(ctx)
+	s.mu.Lock()
+	loaded := s.loaded
+	s.mu.Unlock()
+	if !loaded {
+		if err := src.Reachable(ctx, reachWithin); err != nil {
+			return store.Specs{}, err
+		}
+	}
+	specs, err := src.Load(ctx)
+	if err == nil && !loaded {
+		s.mu.Lock()
+		s.loaded = true
+		s.mu.Unlock()
+	}
+	return specs, err
 }
 
 // Close disconnects from MongoDB, if the client was ever built.

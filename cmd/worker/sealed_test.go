@@ -231,3 +231,33 @@ func TestEndpointSealedWithUnknownKeyFailsForGood(t *testing.T) {
 		t.Errorf("retried = %v, want 0: the failure is for good", v)
 	}
 }
+
+// Without KLAXON_ENDPOINT_KEY, the worker says once at start that the
+// queues and Redis hold endpoints in clear, naming the setting, and never
+// an endpoint; with it, it says nothing of the kind.
+func TestWarnsOnceThatEndpointsAreInClear(t *testing.T) {
+	const warning = "endpoints are kept in clear: KLAXON_ENDPOINT_KEY is unset"
+	h := newHarness(t)
+	channels, secrets := h.sealedChannels()
+	h.project(rule(bson.M{"whatToReceive": "ONLY_NEW", "channels": channels}))
+	h.start()
+	lines := h.logs.logLines(warning)
+	if len(lines) != 1 || lines[0]["level"] != "WARN" {
+		t.Fatalf("%d warnings %q, want one:\n%s", len(lines), warning, h.logs)
+	}
+	for _, want := range []string{"delivery", "failed", "digests", "Redis"} {
+		if !strings.Contains(fmt.Sprint(lines[0]), want) {
+			t.Errorf("the warning does not say it protects %q: %v", want, lines[0])
+		}
+	}
+	if s := holdsAny([]byte(h.logs.String()), secrets); s != "" {
+		t.Errorf("the log holds the endpoint %q", s)
+	}
+
+	sealed := newHarness(t)
+	sealed.env["KLAXON_ENDPOINT_KEY"] = endpointKey(t)
+	sealed.start()
+	if lines := sealed.logs.logLines(warning); len(lines) != 0 {
+		t.Errorf("with a key: %v", lines)
+	}
+}

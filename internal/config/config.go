@@ -92,10 +92,11 @@ const (
 	EnvMaxEmailRecipients   = "KLAXON_MAX_EMAIL_RECIPIENTS"
 	EnvEventURL             = "KLAXON_EVENT_URL"
 	// Fairness between projects in the deliverer.
-	EnvMaxSendsPerDestination = "KLAXON_MAX_SENDS_PER_DESTINATION"
-	EnvMaxSendsPerProject     = "KLAXON_MAX_SENDS_PER_PROJECT"
-	EnvCircuitTimeouts        = "KLAXON_CIRCUIT_TIMEOUTS"
-	EnvCircuitOpen            = "KLAXON_CIRCUIT_OPEN"
+	EnvMaxSends           = "KLAXON_MAX_SENDS"
+	EnvMaxSendsPerHost    = "KLAXON_MAX_SENDS_PER_HOST"
+	EnvMaxSendsPerProject = "KLAXON_MAX_SENDS_PER_PROJECT"
+	EnvCircuitTimeouts    = "KLAXON_CIRCUIT_TIMEOUTS"
+	EnvCircuitOpen        = "KLAXON_CIRCUIT_OPEN"
 	// Endpoints sealed wherever they leave the process (internal/seal).
 	EnvEndpointKey = "KLAXON_ENDPOINT_KEY"
 )
@@ -151,8 +152,10 @@ const (
 	// noEventURL leaves the link out: an empty value takes the default,
 	// as for every variable.
 	noEventURL          = "none"
-	defaultSendsPerDest = 8
+	defaultSends        = 1024
+	defaultSendsPerHost = 16
 	defaultSendsPerProj = 32
+
 	defaultCircuitTrips = 5
 	defaultCircuitOpen  = 30 * time.Second
 )
@@ -222,8 +225,9 @@ func Variables() []Variable {
 		{EnvMaxMatchedTitle, "", strconv.Itoa(rules.DefaultMatchedTitleBytes), false, "bytes at the start of an event title that filters search"},
 		{EnvMaxEmailRecipients, "", strconv.Itoa(rules.DefaultEmailRecipients), false, "addresses an email endpoint may name"},
 		{EnvEventURL, "", defaultEventURL, false, "link to an event in messages, with {projectId} and {groupHash}; none leaves it out"},
-		{EnvMaxSendsPerDestination, "", strconv.Itoa(defaultSendsPerDest), false, "sends one destination (channel and endpoint) may have in flight in a worker (1-64)"},
-		{EnvMaxSendsPerProject, "", strconv.Itoa(defaultSendsPerProj), false, "sends one project may have in flight in a worker (1-64)"},
+		{EnvMaxSends, "", strconv.Itoa(defaultSends), false, "delivery jobs one worker works on at once, sends in flight included (16-65535); one channel may take half"},
+		{EnvMaxSendsPerHost, "", strconv.Itoa(defaultSendsPerHost), false, "sends one host (host:port of an endpoint, the SMTP server, the Bot API) may have in flight in a worker (1-4096); four times that per resolved address"},
+		{EnvMaxSendsPerProject, "", strconv.Itoa(defaultSendsPerProj), false, "sends one project may have in flight in a worker (1-4096)"},
 		{EnvCircuitTimeouts, "", strconv.Itoa(defaultCircuitTrips), false, "consecutive timeouts that open a destination's circuit (1-1000)"},
 		{EnvCircuitOpen, "", formatDuration(defaultCircuitOpen), false, "how long an open circuit keeps a destination's jobs waiting before one send probes it"},
 		{EnvEndpointKey, "", "", true, "comma-separated base64 keys of 32 bytes: endpoints are sealed (AES-GCM) with the first in queues and Redis, opened with any; unset = in clear"},
@@ -301,14 +305,16 @@ type Config struct {
 	EventURL string
 	// Limits bound each project's rules (KLAXON_MAX_*).
 	Limits rules.Limits
-	// MaxSendsPerDestination and MaxSendsPerProject bound the sends in
-	// flight in one worker per destination and per project; a destination
-	// whose sends time out CircuitTimeouts times in a row has its circuit
-	// opened for CircuitOpen (KLAXON_MAX_SENDS_PER_*, KLAXON_CIRCUIT_*).
-	MaxSendsPerDestination int
-	MaxSendsPerProject     int
-	CircuitTimeouts        int
-	CircuitOpen            time.Duration
+	// MaxSends bounds the delivery jobs one worker works on at once;
+	// MaxSendsPerHost and MaxSendsPerProject bound the sends in flight in
+	// it per host and per project; a host whose sends time out
+	// CircuitTimeouts times in a row has its circuit opened for
+	// CircuitOpen (KLAXON_MAX_SENDS*, KLAXON_CIRCUIT_*).
+	MaxSends           int
+	MaxSendsPerHost    int
+	MaxSendsPerProject int
+	CircuitTimeouts    int
+	CircuitOpen        time.Duration
 	// EndpointKey is KLAXON_ENDPOINT_KEY as given (a string keeps Config
 	// comparable; Load checked it); use EndpointKeys.
 	EndpointKey string
@@ -524,8 +530,9 @@ func Load(getenv func(string) string) (Config, error) {
 	c.DeadMaxBytes = l.size(EnvDeadMaxBytes, defaultDeadBytes, 1<<20, 1<<40)
 	c.TelegramAllowedChats = l.chats()
 	c.EventURL = l.eventURL()
-	c.MaxSendsPerDestination = l.count(EnvMaxSendsPerDestination, defaultSendsPerDest, 1, 64)
-	c.MaxSendsPerProject = l.count(EnvMaxSendsPerProject, defaultSendsPerProj, 1, 64)
+	c.MaxSends = l.count(EnvMaxSends, defaultSends, 16, 65535)
+	c.MaxSendsPerHost = l.count(EnvMaxSendsPerHost, defaultSendsPerHost, 1, 4096)
+	c.MaxSendsPerProject = l.count(EnvMaxSendsPerProject, defaultSendsPerProj, 1, 4096)
 	c.CircuitTimeouts = l.count(EnvCircuitTimeouts, defaultCircuitTrips, 1, 1000)
 	c.CircuitOpen = l.duration(EnvCircuitOpen, defaultCircuitOpen)
 	c.EndpointKey = l.endpointKey()

@@ -66,10 +66,11 @@ func TestLoadDefaults(t *testing.T) {
 		DeadMaxBytes:     256 << 20,
 		Limits: rules.Limits{RulesPerProject: 100, WindowsPerRule: 8, FilterWords: 50, FilterWordBytes: 200,
 			FilterBytes: 4096, MatchedTitleBytes: 8192, EmailRecipients: 10},
-		MaxSendsPerDestination: 8,
-		MaxSendsPerProject:     32,
-		CircuitTimeouts:        5,
-		CircuitOpen:            30 * time.Second,
+		MaxSends:           1024,
+		MaxSendsPerHost:    16,
+		MaxSendsPerProject: 32,
+		CircuitTimeouts:    5,
+		CircuitOpen:        30 * time.Second,
 	}
 	if got != want {
 		t.Errorf("defaults:\n got %#v\nwant %#v", got, want)

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/big"
+	"net"
 	"strconv"
 	"sync"
 	"time"
@@ -82,8 +83,10 @@ type Config struct {
 	Metrics  *metrics.Metrics // [metrics registered nowhere]
 
 	Prefix string // namespace of Redis keys and queues [klaxon]
-	// Queue is the delivery queue [<prefix>.deliveries].
-	Queue string
+	// Queue is the delivery queue [<prefix>.deliveries], and BulkQueue
+	// its bulk lane [<prefix>.deliveries.bulk] (evaluator.Lanes).
+	Queue     string
+	BulkQueue string
 	// FailedQueue receives notifications that could not be sent, with the
 	// reason in the x-klaxon-error header [<prefix>.failed].
 	FailedQueue string
@@ -106,16 +109,23 @@ type Config struct {
 	// past either are counted, and the digest says how many it left out.
 	DigestMaxFirings int
 	DigestMaxBytes   int
-	// MaxSendsPerDestination and MaxSendsPerProject bound the sends one
-	// destination (a channel and an endpoint), and one project, may have
-	// in flight in this deliverer at once [8, 32]; a job over either waits
-	// in the retry queues, so that a destination that hangs cannot take
-	// the sends every project shares.
-	MaxSendsPerDestination int
-	MaxSendsPerProject     int
-	// CircuitTimeouts consecutive timeouts of a destination open its
-	// circuit [5]: its jobs then wait CircuitOpen [30 s] in the retry
-	// queues, each wait counting as an attempt, until one send probes it.
+	// MaxSends is how many jobs the deliverer works on at once, each
+	// a goroutine, sends in flight included [DefaultMaxSends]: the
+	// delivery queue's prefetch. Within it, MaxSendsPerHost bound the sends
+	// in flight to one host (host:port, or the SMTP server, the Bot API)
+	// [16], four times that to one resolved address, MaxSendsPerProject
+	// those of one project [32], and half of MaxSends those of one channel
+	// (budgets.go). A job over any waits in the retry queues, so that no
+	// host, project or provider can take the sends every project shares.
+	MaxSends           int
+	MaxSendsPerHost    int
+	MaxSendsPerProject int
+	// Resolver resolves hosts to their addresses for the address budget
+	// [net.DefaultResolver].
+	Resolver *net.Resolver
+	// CircuitTimeouts consecutive timeouts of a host open its circuit [5]:
+	// its jobs then wait CircuitOpen [30 s] in the retry queues, each wait
+	// counting as an attempt, until one send probes it.
 	CircuitTimeouts int
 	CircuitOpen     time.Duration
 	// WaitReplicas, when above 0, makes claims and records wait (Redis
@@ -159,9 +169,10 @@ type Deliverer struct {
 	unrecorded sync.Map // string → unrecorded
 	// refused is which rules' refused endpoints were logged lately.
 	refused *refusals
-	// dests bounds each destination's and project's sends in flight, and
-	// keeps each destination's circuit.
-	dests *destinations
+	// budgets bound the sends in flight of each host, address, project
+	// and channel, and keep each host's circuit.
+	budgets *budgets
+	addrs   *addrs
 }
 
 // New returns a deliverer.
@@ -181,6 +192,9 @@ func New(cfg Config) *Deliverer {
 	if cfg.Queue == "" {
 		cfg.Queue = wire.DeliveryQueue(cfg.Prefix)
 	}
+	if cfg.BulkQueue == "" {
+		cfg.BulkQueue = wire.BulkQueue(cfg.Prefix)
+	}
 	if cfg.FailedQueue == "" {
 		cfg.FailedQueue = wire.FailedQueue(cfg.Prefix)
 	}
@@ -199,8 +213,12 @@ func New(cfg Config) *Deliverer {
 	if cfg.DigestMaxBytes <= 0 {
 		cfg.DigestMaxBytes = DefaultDigestMaxBytes
 	}
-	cfg.MaxSendsPerDestination = cmp.Or(max(cfg.MaxSendsPerDestination, 0), DefaultMaxSendsPerDestination)
+	cfg.MaxSends = cmp.Or(max(cfg.MaxSends, 0), DefaultMaxSends)
+	cfg.MaxSendsPerHost = cmp.Or(max(cfg.MaxSendsPerHost, 0), DefaultMaxSendsPerHost)
 	cfg.MaxSendsPerProject = cmp.Or(max(cfg.MaxSendsPerProject, 0), DefaultMaxSendsPerProject)
+	if cfg.Resolver == nil {
+		cfg.Resolver = net.DefaultResolver
+	}
 	cfg.CircuitTimeouts = cmp.Or(max(cfg.CircuitTimeouts, 0), DefaultCircuitTimeouts)
 	cfg.CircuitOpen = cmp.Or(max(cfg.CircuitOpen, 0), DefaultCircuitOpen)
 	if cfg.WaitTimeout <= 0 {
@@ -216,24 +234,37 @@ func New(cfg Config) *Deliverer {
 		scripts:  newScripts(),
 		instance: strconv.FormatInt(n.Int64(), 36),
 		refused:  newRefusals(),
-		dests: newDestinations(cfg.MaxSendsPerDestination, cfg.MaxSendsPerProject,
+		budgets: newBudgets(limits{host: cfg.MaxSendsPerHost, addr: 4 * cfg.MaxSendsPerHost,
+			project: cfg.MaxSendsPerProject, channel: max(cfg.MaxSends/2, 1)},
 			cfg.CircuitTimeouts, cfg.CircuitOpen, cfg.SendTimeout+sendGrace),
+		addrs: newAddrs(cfg.Resolver, cfg.Now),
 	}
 }
 
 // Queue is the name of the delivery queue.
 func (d *Deliverer) Queue() string { return d.cfg.Queue }
 
-// Declare declares the delivery, failed and retry queues.
+// Queues are the names of the delivery queue and its bulk lane, the
+// queues a deliverer consumes.
+func (d *Deliverer) Queues() (main, bulk string) { return d.cfg.Queue, d.cfg.BulkQueue }
+
+// Declare declares the delivery queues, and the failed and retry queues.
 func (d *Deliverer) Declare(ctx context.Context, q Declarer) error {
-	if err := q.Declare(ctx, d.cfg.Queue, nil); err != nil {
-		return fmt.Errorf("declare %s: %w", d.cfg.Queue, err)
+	for _, name := range []string{d.cfg.Queue, d.cfg.BulkQueue} {
+		if err := q.Declare(ctx, name, nil); err != nil {
+			return fmt.Errorf("declare %s: %w", name, err)
+		}
 	}
 	if err := q.Declare(ctx, d.cfg.FailedQueue, d.cfg.FailedBounds.Args()); err != nil {
 		return fmt.Errorf("declare %s: %w", d.cfg.FailedQueue, err)
 	}
+	// What comes back from the retry queues (retries, turns at a
+	// provider's pace, jobs put back by a full budget or an open circuit)
+	// comes back in the bulk lane: the main lane carries only first tries
+	// within their project's share. Retry queues made by an earlier
+	// version, which lead to the main lane, are used as they are.
 	for _, delay := range delays {
-		if err := q.DeclareDelay(ctx, d.delayQueue(delay), d.cfg.Queue, delay); err != nil {
+		if err := q.DeclareDelay(ctx, d.delayQueue(delay), d.cfg.BulkQueue, delay); err != nil {
 			return fmt.Errorf("declare retry queue: %w", err)
 		}
 	}
@@ -274,12 +305,67 @@ func (d *Deliverer) handle(ctx context.Context, dl queue.Delivery) error {
 		return d.schedule(ctx, &job, job.NotBefore.Sub(d.now()), true)
 	case job.Snooze != nil:
 		return d.deliverSummary(ctx, &job, token)
-	case len(job.Firings) > 0:
-		return d.deliverGroup(ctx, &job, token)
-	case job.Notification == nil:
+	case job.Notification == nil && len(job.Firings) == 0:
 		return d.deliverDigest(ctx, &job, token)
 	}
+	// A job parked past Keep goes on, to fail for good.
+	if why, wait := d.keptAway(ctx, &job); why != "" && (why != "circuit" || !d.jobTooOld(&job)) {
+		return d.putBack(ctx, &job, why, wait)
+	}
+	if len(job.Firings) > 0 {
+		return d.deliverGroup(ctx, &job, token)
+	}
 	return d.deliver(ctx, &job, token)
+}
+
+// keptAway reports what would keep a firing job from being sent now, and
+// for how long: its host's open circuit ("circuit") or a full budget (its
+// name, budgets.go); "" when nothing would. A job that would only be
+// turned away is put back before it costs a claim and a release in Redis.
+func (d *Deliverer) keptAway(ctx context.Context, job *wire.Job) (string, time.Duration) {
+	endpoint, err := d.cfg.Keys.Open(job.Endpoint, job.ProjectID, job.Channel)
+	if err != nil {
+		return "", 0 // send fails it, with the reason
+	}
+	t := d.target(ctx, job, endpoint)
+	if wait := d.budgets.blocked(t.host, d.now()); wait > 0 {
+		return "circuit", wait
+	}
+	return d.budgets.crowded(t, d.now())
+}
+
+// putBack puts back a job that keptAway kept away, spending no attempt.
+func (d *Deliverer) putBack(ctx context.Context, job *wire.Job, why string, wait time.Duration) error {
+	if why != "circuit" {
+		return d.deferJob(ctx, job, why, wait)
+	}
+	d.metrics.Notifications.WithLabelValues(job.Channel, "parked").Inc()
+	next := *job
+	next.Paced, next.NotBefore = false, time.Time{}
+	return d.schedule(ctx, &next, wait, true)
+}
+
+// jobTooOld reports whether a firing job carries a firing older than Keep.
+func (d *Deliverer) jobTooOld(job *wire.Job) bool {
+	var ns []notify.Notification
+	if job.Notification != nil {
+		ns = append(ns, *job.Notification)
+	}
+	for _, f := range job.Firings {
+		ns = append(ns, *f.Notification)
+	}
+	return d.tooOld(&notify.Message{Notifications: ns})
+}
+
+// deferJob puts back a job that was not tried, to come again after wait,
+// once a send of its full budget may have ended. It spends no attempt.
+func (d *Deliverer) deferJob(ctx context.Context, job *wire.Job, full string, wait time.Duration) error {
+	d.metrics.Notifications.WithLabelValues(job.Channel, "deferred").Inc()
+	d.log.Debug("notification deferred: a budget it sends within has every send it may have in flight",
+		"channel", job.Channel, "project", job.ProjectID, "budget", full, "wait", wait.String())
+	next := *job
+	next.Paced = false // its turn passes meanwhile
+	return d.schedule(ctx, &next, wait, true)
 }
 
 func (d *Deliverer) now() time.Time { return d.cfg.Now() }

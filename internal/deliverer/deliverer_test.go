@@ -90,19 +90,21 @@ func startDelivererWith(t *testing.T, cfg Config, channels map[string]notify.Cha
 	if err := d.Declare(ctx, pub); err != nil {
 		t.Fatal(err)
 	}
-	names := []string{d.Queue(), d.cfg.FailedQueue}
+	names := []string{d.Queue(), d.cfg.BulkQueue, d.cfg.FailedQueue}
 	for _, delay := range delays {
 		names = append(names, d.delayQueue(delay))
 	}
 	testenv.DeleteQueuesAtCleanup(t, names...)
-	cc.URL, cc.Queue, cc.Logger = url, d.Queue(), log
-	c, err := queue.NewConsumer(cc)
-	if err != nil {
-		t.Fatal(err)
+	var wg sync.WaitGroup
+	for _, q := range []string{d.Queue(), d.cfg.BulkQueue} {
+		cc.URL, cc.Queue, cc.Logger = url, q, log
+		c, err := queue.NewConsumer(cc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() { c.Consume(ctx, d.Handle) })
 	}
-	done := make(chan struct{})
-	go func() { defer close(done); c.Consume(ctx, d.Handle) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() { cancel(); wg.Wait() })
 	return pub, d
 }
 

@@ -184,7 +184,7 @@ func declaredDeliverer(t *testing.T, cfg Config, channels map[string]notify.Chan
 	if err := d.Declare(context.Background(), pub); err != nil {
 		t.Fatal(err)
 	}
-	names := []string{d.Queue(), d.cfg.FailedQueue}
+	names := []string{d.Queue(), d.cfg.BulkQueue, d.cfg.FailedQueue}
 	for _, delay := range delays {
 		names = append(names, d.delayQueue(delay))
 	}
@@ -226,7 +226,7 @@ func TestDigestRetryDoesNotSpendTheNextDigestsAttempts(t *testing.T) {
 	if err := d.deliverDigest(ctx, flush, "a"); err != nil {
 		t.Fatal(err)
 	}
-	retry, err := wire.DecodeJob(takeOne(t, d.Queue()))
+	retry, err := wire.DecodeJob(takeOne(t, d.cfg.BulkQueue)) // retries come back in the bulk lane
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package deliverer
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -12,19 +13,20 @@ import (
 
 // Defaults of the fairness settings (Config).
 const (
-	DefaultMaxSendsPerDestination = 8
-	DefaultMaxSendsPerProject     = 32
-	DefaultCircuitTimeouts        = 5
-	DefaultCircuitOpen            = 30 * time.Second
+	DefaultMaxSends           = 1024
+	DefaultMaxSendsPerHost    = 16
+	DefaultMaxSendsPerProject = 32
+	DefaultCircuitTimeouts    = 5
+	DefaultCircuitOpen        = 30 * time.Second
 )
 
-// errCircuitOpen is the failure of an attempt that a destination's open
-// circuit kept from being made: the endpoint timed out again and again,
-// and this attempt counts as one more timeout, retried after wait.
+// errCircuitOpen is the failure of an attempt that a host's open circuit
+// kept from being made: the host timed out again and again, and the job
+// is parked until the circuit lets a send through (Deliverer.park).
 type errCircuitOpen struct{ wait time.Duration }
 
 func (e *errCircuitOpen) Error() string {
-	return fmt.Sprintf("not sent: the endpoint's circuit is open after repeated timeouts; it is tried again in %s", e.wait.Round(time.Millisecond))
+	return fmt.Sprintf("not sent: the host's circuit is open after repeated timeouts; it is tried again in %s", e.wait.Round(time.Millisecond))
 }
 
 // RetryAfter makes the retry wait for the circuit (notify.RetryAfter).
@@ -50,10 +52,16 @@ func (d *Deliverer) pace(ctx context.Context, job *wire.Job, dest string) (time.
 	return max(wait, 0), nil
 }
 
-// circuitChanged logs and counts a change of a destination's circuit, once
-// per change. The endpoint is never logged: the destination's hash names
-// it, and the host when it is a URL.
-func (d *Deliverer) circuitChanged(job *wire.Job, endpoint, dest, state string, probe bool) {
+// paceKey names what a provider paces, one webhook or chat, without its
+// endpoint, which may be a secret (a Slack webhook URL, an address): the
+// channel and its tag (seal.Keys.Tag: keyed when KLAXON_ENDPOINT_KEY is set).
+func paceKey(channel string, tag []byte) string {
+	return channel + ":" + hex.EncodeToString(tag[:12])
+}
+
+// circuitChanged logs and counts a change of a host's circuit, once per
+// change. The endpoint is never logged, only the host.
+func (d *Deliverer) circuitChanged(job *wire.Job, host, state string, probe bool) {
 	if state == "" {
 		return
 	}
@@ -64,15 +72,15 @@ func (d *Deliverer) circuitChanged(job *wire.Job, endpoint, dest, state string, 
 	case state == open.String() && !probe:
 		d.metrics.CircuitsOpen.WithLabelValues(job.Channel).Inc()
 	}
-	log := d.log.With("channel", job.Channel, "destination", dest, "host", endpointHost(endpoint))
+	log := d.log.With("channel", job.Channel, "host", host)
 	switch state {
 	case open.String():
-		log.Warn("circuit opened: the endpoint keeps timing out; its jobs wait in the retry queues",
+		log.Warn("circuit opened: the host keeps timing out; its jobs wait in the retry queues",
 			"timeouts", d.cfg.CircuitTimeouts, "open_for", d.cfg.CircuitOpen.String(), "after_probe", probe)
 	case halfOpen.String():
-		log.Info("circuit half-open: one send probes the endpoint")
+		log.Info("circuit half-open: one send probes the host")
 	case closed.String():
-		log.Info("circuit closed: the endpoint answers again")
+		log.Info("circuit closed: the host answers again")
 	}
 }
 

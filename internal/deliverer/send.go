@@ -29,9 +29,10 @@ type outcome struct {
 	// job's turn.
 	after time.Duration
 	// paced is set, for outcomeWait, when the turn is one reserved at the
-	// provider's pace; else the destination or the project had every send
-	// it may have in flight.
+	// provider's pace; else full names the budget that had every send it
+	// may have in flight (budgets.go).
 	paced bool
+	full  string
 	// took is how long the send took, for the log.
 	took time.Duration
 }
@@ -154,9 +155,9 @@ func (d *Deliverer) deliverMessage(ctx context.Context, job *wire.Job, keys []st
 	return d.settle(ctx, job, keys, msg, o)
 }
 
-// send is one attempt of msg, if the job's destination, its project and
-// its provider's pace let it go now; else the outcome says when its turn
-// comes. A destination whose circuit is open fails at once with
+// send is one attempt of msg, if the job's budgets (its host, address,
+// project and channel) and its provider's pace let it go now; else the
+// outcome says when its turn comes. A host whose circuit is open fails at once with
 // errCircuitOpen. err is for what leaves the outcome unknown: Redis
 // failing, or ctx ending during the send (the provider may or may not have
 // the message).
@@ -168,25 +169,25 @@ func (d *Deliverer) send(ctx context.Context, job *wire.Job, msg *notify.Message
 		d.metrics.EndpointsUnopened.WithLabelValues(job.Channel).Inc()
 		return failure(false, err), nil
 	}
-	dest := destinationKey(job.Channel, d.cfg.Keys.Tag(endpoint))
+	t := d.target(ctx, job, endpoint)
 	// Before the pace: a job kept away by the circuit must not take a turn.
-	if wait := d.dests.blocked(dest, d.now()); wait > 0 {
+	if wait := d.budgets.blocked(t.host, d.now()); wait > 0 {
 		return failure(true, &errCircuitOpen{wait: wait}), nil
 	}
-	if wait, err := d.pace(ctx, job, dest); err != nil || wait > 0 {
+	if wait, err := d.pace(ctx, job, paceKey(job.Channel, d.cfg.Keys.Tag(endpoint))); err != nil || wait > 0 {
 		return outcome{kind: outcomeWait, after: wait, paced: true}, err
 	}
-	v := d.dests.enter(dest, job.ProjectID, d.now())
-	d.circuitChanged(job, endpoint, dest, v.change, false)
+	v := d.budgets.enter(t, d.now())
+	d.circuitChanged(job, t.host, v.change, false)
 	switch {
-	case v.busy:
-		return outcome{kind: outcomeWait, after: v.wait}, nil
+	case v.full != "":
+		return outcome{kind: outcomeWait, after: v.wait, full: v.full}, nil
 	case v.slot == nil:
 		return failure(true, &errCircuitOpen{wait: v.wait}), nil
 	}
 	ch, ok := d.channels[job.Channel]
 	if !ok {
-		d.dests.leave(v.slot, answered, d.now())
+		d.budgets.leave(v.slot, answered, d.now())
 		return failure(false, fmt.Errorf("channel %s is not configured on this worker", job.Channel)), nil
 	}
 	sctx, cancel := context.WithTimeout(ctx, d.cfg.SendTimeout)
@@ -199,7 +200,7 @@ func (d *Deliverer) send(ctx context.Context, job *wire.Job, msg *notify.Message
 		o = timedOut
 	}
 	cancel()
-	d.circuitChanged(job, endpoint, dest, d.dests.leave(v.slot, o, d.now()), v.slot.probe)
+	d.circuitChanged(job, t.host, d.budgets.leave(v.slot, o, d.now()), v.slot.probe)
 	if err == nil {
 		return outcome{kind: outcomeSent}, nil
 	}
@@ -239,6 +240,9 @@ func (d *Deliverer) settle(ctx context.Context, job *wire.Job, keys []string, ms
 		// and comes again, is sent again.
 		return false, ctx.Err()
 	}
+	if _, parked := errors.AsType[*errCircuitOpen](o.err); parked && !d.tooOld(msg) {
+		return false, d.park(ctx, job, keys, o, log)
+	}
 	if o.kind == outcomeRetry && job.Attempt+1 < d.cfg.MaxAttempts {
 		return false, d.retry(ctx, job, keys, o, log)
 	}
@@ -253,8 +257,8 @@ func (d *Deliverer) settle(ctx context.Context, job *wire.Job, keys []string, ms
 }
 
 // waitTurn puts back a job that was not tried, to come at its turn: one
-// reserved at its provider's pace, or once a send of its destination or
-// project may have ended. It spends no attempt.
+// reserved at its provider's pace, or once a send of its full budget may
+// have ended. It spends no attempt.
 func (d *Deliverer) waitTurn(ctx context.Context, job *wire.Job, keys []string, msg *notify.Message, o outcome) error {
 	if err := d.release(ctx, keys...); err != nil {
 		return err
@@ -264,13 +268,9 @@ func (d *Deliverer) waitTurn(ctx context.Context, job *wire.Job, keys []string, 
 		d.metrics.Notifications.WithLabelValues(job.Channel, "throttled").Inc()
 		d.log.Debug("notification paced", "channel", job.Channel, "notification_id", msg.ID, "wait", o.after.String())
 		next.Paced, next.NotBefore = true, d.now().Add(o.after)
-	} else {
-		d.metrics.Notifications.WithLabelValues(job.Channel, "deferred").Inc()
-		d.log.Debug("notification deferred: its destination or project has every send it may have in flight",
-			"channel", job.Channel, "project", job.ProjectID, "notification_id", msg.ID, "wait", o.after.String())
-		next.Paced = false // its turn passes meanwhile
+		return d.schedule(ctx, &next, o.after, true)
 	}
-	return d.schedule(ctx, &next, o.after, true)
+	return d.deferJob(ctx, &next, o.full, o.after)
 }
 
 // retry schedules the next attempt of a job whose send failed, after the
@@ -290,15 +290,38 @@ func (d *Deliverer) retry(ctx context.Context, job *wire.Job, keys []string, o o
 	if longest := delays[len(delays)-1]; delay > longest {
 		next.NotBefore = d.now().Add(delay)
 	}
-	if _, parked := errors.AsType[*errCircuitOpen](o.err); parked {
-		// Logged once, when the circuit opened, not once a job.
-		log.Debug("notification parked, will retry", "error", o.err, "retry_in", delay.String())
-		d.metrics.Notifications.WithLabelValues(job.Channel, "parked").Inc()
-	} else {
-		log.Warn("notification failed, will retry", "error", o.err, "retry_in", delay.String())
-		d.metrics.Notifications.WithLabelValues(job.Channel, "retried").Inc()
-	}
+	log.Warn("notification failed, will retry", "error", o.err, "retry_in", delay.String())
+	d.metrics.Notifications.WithLabelValues(job.Channel, "retried").Inc()
 	return d.schedule(ctx, &next, delay, true)
+}
+
+// park puts back a job that its host's open circuit kept from being sent,
+// until the circuit lets a send through. The circuit says nothing of the
+// job, only of its host: it spends no attempt and no backoff, so that a
+// provider down for an hour loses nothing and its messages go out as soon
+// as a probe finds it answering. Only a job parked past Keep fails, since
+// past it a "sent" record may be gone and the message could go twice.
+func (d *Deliverer) park(ctx context.Context, job *wire.Job, keys []string, o outcome, log *slog.Logger) error {
+	if err := d.release(ctx, keys...); err != nil {
+		return err
+	}
+	next := *job
+	next.Paced = false
+	next.NotBefore = time.Time{}
+	// Logged once, when the circuit opened, not once a job.
+	log.Debug("notification parked until its host's circuit lets a send through", "error", o.err, "retry_in", o.after.String())
+	d.metrics.Notifications.WithLabelValues(job.Channel, "parked").Inc()
+	return d.schedule(ctx, &next, o.after, true)
+}
+
+// tooOld reports whether the oldest firing msg carries is older than Keep.
+func (d *Deliverer) tooOld(msg *notify.Message) bool {
+	for _, n := range msg.Notifications {
+		if !n.FiredAt.IsZero() && d.now().Sub(n.FiredAt) > d.cfg.Keep {
+			return true
+		}
+	}
+	return false
 }
 
 // fail publishes a job that failed for good to the failed queue, with the
@@ -316,20 +339,17 @@ func (d *Deliverer) fail(ctx context.Context, job *wire.Job, msg *notify.Message
 		log.Debug("notification failed for good", "error", err)
 	}
 	d.metrics.Notifications.WithLabelValues(job.Channel, "failed").Inc()
-	failed := *job
+	failed := Failed{Job: *job, Notifications: msg.Notifications}
 	if msg.Digest {
 		failed.Notification = nil
 	}
-	body, jerr := json.Marshal(struct {
-		wire.Job
-		Notifications []notify.Notification `json:"notifications,omitempty"`
-	}{failed, msg.Notifications})
+	body, jerr := json.Marshal(failed)
 	if jerr != nil {
 		return fmt.Errorf("encode failed job: %w", jerr)
 	}
 	if err := d.pub.Publish(ctx, queue.Message{
 		RoutingKey: d.cfg.FailedQueue, Body: body, MessageID: msg.ID + ":" + job.Channel,
-		ContentType: "application/json", Headers: amqp.Table{wire.ErrorHeader: err.Error()},
+		ContentType: "application/json", Headers: amqp.Table{wire.ErrorHeader: err.Error()}, Timestamp: d.now(),
 	}); err != nil {
 		return fmt.Errorf("record failed notification: %w", err)
 	}

@@ -84,6 +84,9 @@ type Evaluator struct {
 	// FailedQueue receives the firings too big for any delivery job
 	// (<prefix>.failed).
 	FailedQueue string
+	// Lanes, when set, send a project's jobs past its share of the
+	// delivery queue to the bulk lane (lanes.go).
+	Lanes *Lanes
 	// EventURL is the template of the link to an event that messages
 	// carry, with {projectId} and {groupHash} (KLAXON_EVENT_URL); "" for
 	// none.
@@ -157,7 +160,7 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 		}
 		// One pass over the title for all of the project's words: a
 		// project's filters cannot make its events cost more than their
-		// titles' length (issue 11).
+		// titles' length.
 		first := len(matched)
 		matched = matcher.Match(m.Event.Title, m.Event.IsNew, matched)
 		if known && g.Resolved != 0 && !m.Event.IsNew {
@@ -230,6 +233,7 @@ func (e *Evaluator) publish(ctx context.Context, dead []queue.Message, evs []cou
 			if err != nil {
 				return err
 			}
+			e.Lanes.route(evs[i].ProjectID, e.DeliveryQueue, jobs)
 			out, big = append(out, jobs...), append(big, b...)
 		}
 		for _, t := range big {

@@ -91,7 +91,7 @@ func (e *Evaluator) pack(base wire.Job, firings []wire.Firing, limit int) ([]que
 }
 
 // message is the job of firings on base's destination: a grouped job, or
-// for one firing that firing's own job, as before grouping.
+// for one firing that firing's own job, without a firings list.
 func (e *Evaluator) message(base wire.Job, firings []wire.Firing) (queue.Message, error) {
 	job := base
 	if len(firings) == 1 {

@@ -55,6 +55,9 @@ func ParsePatterns(s string) ([]Pattern, error) {
 		if strings.ContainsAny(path, "?# \t") {
 			return nil, fmt.Errorf("%q: a path prefix has no query, fragment or space", item)
 		}
+		if hasDotSegment(path) {
+			return nil, fmt.Errorf("%q: a path prefix has no . or .. segment", item)
+		}
 		out = append(out, Pattern{Host: host, PathPrefix: path})
 	}
 	if len(out) == 0 {
@@ -85,9 +88,16 @@ func (p Pattern) Match(u *url.URL) bool {
 // CheckEndpoint refuses an endpoint URL from a rule before anything is
 // sent: it must be an absolute http or https URL without user info (which
 // would become an Authorization header, and is a credential Klaxon would
-// log and store), and, when hosts is not nil, match one of them. setting
-// names the variable holding hosts, for the reason. Errors never repeat
-// the URL; a refusal is an *Error.
+// log and store), and, when hosts is not nil, match one of them and have
+// no dot segment in its path. setting names the variable holding hosts,
+// for the reason. Errors never repeat the URL; a refusal is an *Error.
+//
+// A server resolves "." and ".." before it routes, so
+// "/services/../admin" starts with the prefix "/services/" and reaches
+// "/admin". Such a URL is refused rather than normalised: what a server
+// decodes before resolving differs ("%2e", "%2f", "\\", ";params"), and a
+// URL sent as written is one the operator can read in the rule; no
+// endpoint of Slack's, Loop's or the Telegram hook's has one.
 func CheckEndpoint(raw string, hosts []Pattern, setting string) error {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -100,6 +110,10 @@ func CheckEndpoint(raw string, hosts []Pattern, setting string) error {
 	if hosts == nil {
 		return nil
 	}
+	if hasDotSegment(u.EscapedPath()) {
+		return &Error{Reason: fmt.Sprintf("the URL's path has a dot segment (. or .., also as %%2e), "+
+			"which could lead out of the path prefix of %s; write the path without it", setting)}
+	}
 	for _, p := range hosts {
 		if p.Match(u) {
 			return nil
@@ -111,4 +125,27 @@ func CheckEndpoint(raw string, hosts []Pattern, setting string) error {
 	}
 	return &Error{Reason: fmt.Sprintf("host %s with this path is not one of %s (%s)",
 		u.Hostname(), strings.Join(list, ", "), setting)}
+}
+
+// hasDotSegment reports whether the escaped path has a "." or ".."
+// segment as any server might read it: percent-decoded until nothing
+// changes, at most four times (%2e, %252e), with "\\" and a decoded "%2f" splitting segments,
+// and a ";params" suffix (which some servers drop) removed.
+func hasDotSegment(path string) bool {
+	for range 4 {
+		decoded, err := url.PathUnescape(path)
+		if err != nil || decoded == path {
+			break
+		}
+		path = decoded
+	}
+	for seg := range strings.FieldsFuncSeq(path, func(r rune) bool { return r == '/' || r == '\\' }) {
+		if i := strings.IndexByte(seg, ';'); i >= 0 {
+			seg = seg[:i]
+		}
+		if seg == "." || seg == ".." {
+			return true
+		}
+	}
+	return false
 }

@@ -7,8 +7,10 @@
 //
 //   - CheckEndpoint refuses a URL before anything is sent: a scheme other
 //     than http or https, user info (user:pass@, which net/http would turn
-//     into an Authorization header), and for Slack and Telegram hooks a host
-//     outside the operator's patterns.
+//     into an Authorization header), and for Slack, Loop and Telegram hooks
+//     a host or path outside the operator's patterns, or a path with a dot
+//     segment ("/services/../admin"), which would lead out of a pattern's
+//     path prefix once the server resolved it.
 //   - The dialer of Client checks every address it connects to, after DNS
 //     resolution, in its Control hook: names, DNS rebinding, IPv4-mapped and
 //     NAT64 forms and every connection are covered by the one check that

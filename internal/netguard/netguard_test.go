@@ -167,7 +167,8 @@ func TestParsePatterns(t *testing.T) {
 			t.Errorf("ParsePatterns(%q) = %v, want %s", in, got, want)
 		}
 	}
-	for _, bad := range []string{"", " , ", "https://hooks.slack.com/services/", "*.", "a*b.com", "user@host", "host/path?x", "[zz]"} {
+	for _, bad := range []string{"", " , ", "https://hooks.slack.com/services/", "*.", "a*b.com", "user@host", "host/path?x", "[zz]",
+		"host/services/../admin/", "host/a/./b", "host/%2e%2E/", "host/.."} {
 		if _, err := ParsePatterns(bad); err == nil {
 			t.Errorf("ParsePatterns(%q) accepted", bad)
 		}
@@ -196,6 +197,24 @@ func TestCheckEndpoint(t *testing.T) {
 		{"https://a.example.com/x", wild, ""},
 		{"https://example.com/x", wild, "not one of"},
 		{"https://badexample.com/x", wild, "not one of"},
+		// A server resolves dot segments before it routes, so they would
+		// lead outside the prefix: refused, in whatever spelling a server
+		// might decode ("%2e", "%2f", "\\", ";params"), even when the
+		// path still starts with the prefix.
+		{"https://hooks.slack.com/services/../admin/x", slack, "dot segment"},
+		{"https://hooks.slack.com/services/./T0/B0/x", slack, "dot segment"},
+		{"https://hooks.slack.com/services/T0/..", slack, "dot segment"},
+		{"https://hooks.slack.com/services/%2e%2E/admin", slack, "dot segment"},
+		{"https://hooks.slack.com/services/.%2E/admin", slack, "dot segment"},
+		{"https://hooks.slack.com/services/..%2fadmin", slack, "dot segment"},
+		{"https://hooks.slack.com/services/..%5Cadmin", slack, "dot segment"},
+		{"https://hooks.slack.com/services/..;x/admin", slack, "dot segment"},
+		{"https://hooks.slack.com/services/%252e%252e/admin", slack, "dot segment"},
+		{"https://a.example.com/x/../y", wild, "dot segment"},
+		// Dots that are no segment of their own are a path like any other.
+		{"https://hooks.slack.com/services/T0/B0/x.y..z", slack, ""},
+		{"https://hooks.slack.com/services/...", slack, ""},
+		{"https://hooks.slack.com/services/T0?next=../x", slack, ""},
 	}
 	for _, tt := range tests {
 		err := CheckEndpoint(tt.url, tt.hosts, "SETTING")

@@ -167,6 +167,8 @@ func Render(m *Message) View {
 		v.Items = append(v.Items, renderItem(n))
 	}
 	var name string
+	// A rule id from a rules file is free-form text, as a title is.
+	ruleID := OneLine(m.RuleID)
 	if len(m.Notifications) > 0 {
 		name = OneLine(m.Notifications[0].ProjectName)
 	}
@@ -183,11 +185,11 @@ func Render(m *Message) View {
 	}
 	v.Omitted = max(m.Omitted, 0)
 	total := int64(len(m.Notifications)) + v.Omitted
-	v.Header = fmt.Sprintf("%s for rule %s in project %s", plural(total, "notification"), m.RuleID, project(name, m.ProjectID))
+	v.Header = fmt.Sprintf("%s for rule %s in project %s", plural(total, "notification"), ruleID, project(name, m.ProjectID))
 	if d := m.Notifications[0].RuleDescription; d != "" {
 		v.Header += ": " + Truncate(OneLine(d), maxRuleText)
 	}
-	v.Subject = fmt.Sprintf("%s for rule %s", plural(total, "notification"), m.RuleID)
+	v.Subject = fmt.Sprintf("%s for rule %s", plural(total, "notification"), ruleID)
 	if name != "" {
 		v.Subject = "[" + Truncate(name, projectInSubject) + "] " + v.Subject
 	}
@@ -408,16 +410,21 @@ func HumanDuration(d time.Duration) string {
 	return strings.Join(parts, " ")
 }
 
-// OneLine turns control characters (newlines, tabs) into spaces, drops
+// OneLine turns line breaks and control characters into spaces, drops
 // format characters (Unicode category Cf: U+202E RIGHT-TO-LEFT OVERRIDE and
 // the other bidi controls, zero-width spaces and joiners, soft hyphens) and
 // trims, so a multi-line error title fits a header or subject line and
 // shows what it says: a bidi override in a title can make "exe.txt" read
-// "txt.exe", and zero-width characters hide words from a reader.
+// "txt.exe", and zero-width characters hide words from a reader. The line
+// breaks are every one Unicode has: the controls (\n, \r, U+000B vertical
+// tab, U+000C form feed, U+0085 NEXT LINE, tabs) and U+2028 LINE SEPARATOR
+// and U+2029 PARAGRAPH SEPARATOR (categories Zl and Zp), which chat clients
+// and browsers show as a new line: a title must not forge a line of its
+// own under Klaxon's.
 func OneLine(s string) string {
 	return strings.TrimSpace(strings.Map(func(r rune) rune {
 		switch {
-		case unicode.IsControl(r):
+		case unicode.IsControl(r), unicode.In(r, unicode.Zl, unicode.Zp):
 			return ' '
 		case unicode.Is(unicode.Cf, r):
 			return -1
@@ -425,6 +432,15 @@ func OneLine(s string) string {
 		return r
 	}, s))
 }
+
+// Unmention puts a zero-width space after every @ in s, so that no chat
+// reads a mention (@channel, @all, @here, @someone) in text that came from
+// an event or a rule: Mattermost and Loop notify on such a word anywhere in
+// a post, a backslash before it included; Telegram notifies the member of a
+// group an @username names; Slack links names when a webhook parses them.
+// The text reads the same. Channels apply it last, after OneLine, which
+// would drop the zero-width space.
+func Unmention(s string) string { return strings.ReplaceAll(s, "@", "@\u200B") }
 
 // Truncate shortens s to at most n runes, ending with "…" when cut. Cut
 // before escaping, so no entity is split.

@@ -8,6 +8,7 @@ import (
 	"unicode"
 
 	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/notify/notifytest"
 )
 
 var firedAt = time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -345,5 +346,25 @@ func TestRenderStormOver(t *testing.T) {
 	text = notify.Render(&notify.Message{ID: n.ID, Notifications: []notify.Notification{n}}).Text()
 	if !strings.Contains(text, "at least 240 events in at most 4 minutes") || !strings.Contains(text, "lower bound") {
 		t.Errorf("an inexact storm reads\n%s", text)
+	}
+}
+
+// A title is one line wherever it is shown: Unicode's own line breaks
+// (U+2028 LINE SEPARATOR, U+2029 PARAGRAPH SEPARATOR, U+0085 NEXT LINE,
+// vertical tab, form feed) would let it forge a line of its own, such as
+// "Resolved, no action needed", under Klaxon's.
+func TestUnicodeLineBreaksDoNotForgeLines(t *testing.T) {
+	if got, want := notify.OneLine("a\u2028b\u2029c\u0085d\u000Be\u000Cf\u202Ag"), "a b c d e fg"; got != want {
+		t.Errorf("notify.OneLine = %q, want %q", got, want)
+	}
+	for _, m := range notifytest.Hostile(firedAt) {
+		v := notify.Render(m)
+		for _, line := range append(v.Lines(), v.Subject) {
+			if i := strings.IndexFunc(line, func(r rune) bool {
+				return unicode.In(r, unicode.Zl, unicode.Zp) || unicode.IsControl(r)
+			}); i >= 0 {
+				t.Errorf("message %s: line %q holds a line break at %d", m.ID, line, i)
+			}
+		}
 	}
 }

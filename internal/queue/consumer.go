@@ -81,9 +81,12 @@ type ConsumerConfig struct {
 // Consumer consumes one queue in batches, with manual acks, reconnecting
 // whenever the connection or channel is lost. Create it with NewConsumer.
 type Consumer struct {
-	cfg   ConsumerConfig
-	log   *slog.Logger
-	state *connState
+	cfg ConsumerConfig
+	log *slog.Logger
+	// declareLog is log without the queue, which the declaring code names
+	// itself: a JSON line holds each key once.
+	declareLog *slog.Logger
+	state      *connState
 
 	running atomic.Bool
 	// held counts the batches held for a retry after a handler error, so
@@ -264,11 +267,12 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	log := cfg.Logger.With("component", "amqp-consumer", "url", redactURL(cfg.URL), "queue", cfg.Queue)
+	declareLog := cfg.Logger.With("component", "amqp-consumer", "url", redactURL(cfg.URL))
 	if cfg.Exchange != "" {
-		log = log.With("exchange", cfg.Exchange)
+		declareLog = declareLog.With("exchange", cfg.Exchange)
 	}
-	return &Consumer{cfg: cfg, log: log, state: newConnState(log, cfg.Hooks.Connection)}, nil
+	log := declareLog.With("queue", cfg.Queue)
+	return &Consumer{cfg: cfg, log: log, declareLog: declareLog, state: newConnState(log, cfg.Hooks.Connection)}, nil
 }
 
 // Connected reports whether the Consumer is consuming right now, for /readyz.
@@ -466,7 +470,7 @@ func (c *Consumer) consumeConcurrently(ctx, bctx context.Context, s *session, ha
 // subscribe declares the queue, opens the channel and starts consuming. The
 // session may be returned with an error: it must be waited for all the same.
 func (c *Consumer) subscribe(conn *amqp.Connection) (*session, error) {
-	if err := declareConsumed(conn, c.log, c.cfg.Queue, c.cfg.QueueType.with(c.cfg.QueueArgs)); err != nil {
+	if err := declareConsumed(conn, c.declareLog, c.cfg.Queue, c.cfg.QueueType.with(c.cfg.QueueArgs)); err != nil {
 		return nil, err
 	}
 	if c.cfg.Exchange != "" {

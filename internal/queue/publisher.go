@@ -81,8 +81,10 @@ type PublisherConfig struct {
 	// Backoff spaces reconnect attempts [100 ms … 10 s].
 	Backoff Backoff
 	// MaxIdleChannels is how many confirm-mode channels are kept open for
-	// reuse between calls [16]. More concurrent calls open more channels.
+	// reuse between calls [16]. More concurrent calls open more channels,
+	// up to MaxChannels [64]; past that a call waits for one.
 	MaxIdleChannels int
+	MaxChannels     int
 	// QueueType is the type of the queues Declare creates, unless their
 	// args name one [Classic]. An existing queue of another type is used as
 	// it is, with a warning.
@@ -161,6 +163,9 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		cfg.ConnectionName = "klaxon-publisher"
 	}
 	cfg.Backoff = cfg.Backoff.withDefaults()
+	if cfg.MaxChannels <= 0 {
+		cfg.MaxChannels = 64
+	}
 	if cfg.MaxIdleChannels <= 0 {
 		cfg.MaxIdleChannels = 16
 	}
@@ -217,6 +222,12 @@ func (p *Publisher) publish(ctx context.Context, msgs []Message) error {
 	}
 	var returned []amqp.Return // read only once f has returned
 	err = pc.do(ctx, func() error {
+		select {
+		case pc.open <- struct{}{}:
+			defer func() { <-pc.open }()
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 		ch, err := pc.acquire()
 		if err != nil {
 			return fmt.Errorf("open publishing channel: %w", err)
@@ -400,7 +411,7 @@ func (p *Publisher) connection(ctx context.Context) (*pubConn, error) {
 			continue
 		}
 		p.failures, p.retryAt, p.lastErr = 0, time.Time{}, nil
-		p.cur = newPubConn(conn, p.cfg.MaxIdleChannels, p.state)
+		p.cur = newPubConn(conn, p.cfg.MaxIdleChannels, p.cfg.MaxChannels, p.state)
 		for _, name := range slices.Sorted(maps.Keys(p.queues)) {
 			if err := declareQueue(conn, p.log, name, p.queues[name]); err != nil {
 				p.log.Warn("redeclare queue on new connection", "queue", name, "err", err)
@@ -450,8 +461,13 @@ func (p *Publisher) redeclare(ctx context.Context, returned []amqp.Return) {
 
 // pubConn is one connection and its idle confirm-mode channels.
 type pubConn struct {
-	conn       *amqp.Connection
-	maxIdle    int
+	conn    *amqp.Connection
+	maxIdle int
+	// open holds a token for each channel in use by a call: hundreds of
+	// concurrent calls (the deliverer's jobs) wait for one of a few
+	// channels rather than each open and close one of its own, two round
+	// trips to the broker more for every message.
+	open       chan struct{}
 	watcherEnd chan struct{}
 	work       sync.WaitGroup // calls to the broker that do runs; close waits for them
 
@@ -462,8 +478,8 @@ type pubConn struct {
 	reason  string        // the broker's reason for the block
 }
 
-func newPubConn(conn *amqp.Connection, maxIdle int, state *connState) *pubConn {
-	pc := &pubConn{conn: conn, maxIdle: maxIdle, watcherEnd: make(chan struct{})}
+func newPubConn(conn *amqp.Connection, maxIdle, maxOpen int, state *connState) *pubConn {
+	pc := &pubConn{conn: conn, maxIdle: maxIdle, open: make(chan struct{}, max(maxOpen, maxIdle)), watcherEnd: make(chan struct{})}
 	closes := conn.NotifyClose(make(chan *amqp.Error, 1))
 	blocks := conn.NotifyBlocked(make(chan amqp.Blocking, 1))
 	go func() {

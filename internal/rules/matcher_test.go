@@ -122,8 +122,8 @@ func TestMatcherExamples(t *testing.T) {
 	}
 }
 
-// attack is the pathological project of issue 11: 100 rules of 50
-// excluding words, each a run of one letter ending in another, as long as
+// attack is a pathological project within the default limits: 100 rules
+// of 50 excluding words, each a run of one letter ending in another, as long as
 // FilterBytes allows, against a title that is a run of the same letter:
 // substring search finds none of them and compares nearly the whole word
 // at every offset. The last word is in the title, so no rule matches: the

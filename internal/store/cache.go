@@ -172,7 +172,7 @@ type failureStreak struct {
 func (s *failureStreak) observe(log *slog.Logger, err error, now time.Time, ready bool) {
 	switch {
 	case err == nil && s.failures > 0:
-		log.Info("rules load recovered", "failed_loads", s.failures, "outage", now.Sub(s.since).Round(time.Millisecond))
+		log.Info("rules load recovered", "failed_loads", s.failures, "outage", now.Sub(s.since).Round(time.Millisecond).String())
 		*s = failureStreak{}
 	case err == nil:
 	case s.failures == 0:

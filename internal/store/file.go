@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"reflect"
@@ -15,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"gopkg.in/yaml.v3"
 
@@ -37,9 +39,14 @@ import (
 //	    channels:
 //	      webhook: {isEnabled: true, endpoint: "http://127.0.0.1:8080/hook", minPeriod: 0}
 //
-// The file is read again on every Load. One that cannot be parsed, or is
-// empty, fails the load (so a half-written file never drops every rule:
-// write "{}" for no rules; replace the file by renaming a new one over it).
+// Load reads the file only when it may have changed: when its size,
+// modification time, change time or inode (device and number) differ from
+// the last read, or the last read saw it changed less than racyWindow
+// before, since an edit within one tick of the file system's clock leaves
+// its times as they were. A file over MaxRulesFileBytes fails the load
+// unread. One that cannot be parsed, or is empty, fails the load (so a
+// half-written file never drops every rule: write "{}" for no rules;
+// replace the file by renaming a new one over it).
 // A project key that is not 24 hex digits, or a rule that does not fit the
 // schema, is a Problem and left out; unknown fields are Problems that do not
 // skip the rule.
@@ -50,14 +57,27 @@ import (
 // Hawk's fields that Klaxon does not use are no unknown fields.
 type FileSource struct {
 	path string
+	read func(path string, limit int64) ([]byte, error)
+	now  func() time.Time
 
-	mu   sync.Mutex
-	last Specs // what the file held at the last Load, with its Digest
+	mu    sync.Mutex
+	last  Specs     // what the file held at the last Load, with its Digest
+	stamp fileStamp // the file as last read; zero when it must be read again
 }
+
+// MaxRulesFileBytes bounds the rules file, so that a huge one cannot
+// exhaust the worker's memory: 64 MiB holds some 200,000 rules.
+const MaxRulesFileBytes = 64 << 20
+
+// racyWindow is how recently a file may have changed for its stamp to be
+// distrusted: above the coarsest time granularity of common file systems
+// (1 s for ext3 and HFS+, 2 s for FAT) and small clock skew to a network
+// file server.
+const racyWindow = 3 * time.Second
 
 // NewFileSource returns a source reading the YAML file at path.
 func NewFileSource(path string) *FileSource {
-	return &FileSource{path: path}
+	return &FileSource{path: path, read: readLimited, now: time.Now}
 }
 
 // Path is the file the source reads.
@@ -65,16 +85,34 @@ func (s *FileSource) Path() string {
 	return s.path
 }
 
-// Load reads and decodes the file.
+// Load reads and decodes the file, or returns what the last Load did when
+// the file's stamp says it is unchanged.
 func (s *FileSource) Load(context.Context) (Specs, error) {
-	data, err := os.ReadFile(s.path)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	info, err := os.Stat(s.path)
 	if err != nil {
 		return Specs{}, fmt.Errorf("read rules file: %w", err)
 	}
+	stamp := stampOf(info)
+	if s.stamp != (fileStamp{}) && stamp == s.stamp {
+		return s.last, nil
+	}
+	if info.Size() > MaxRulesFileBytes {
+		return Specs{}, fmt.Errorf("rules file %s is %d bytes, over the limit of %d MiB", s.path, info.Size(), MaxRulesFileBytes>>20)
+	}
+	data, err := s.read(s.path, MaxRulesFileBytes)
+	if err != nil {
+		return Specs{}, fmt.Errorf("rules file %s: %w", s.path, err)
+	}
+	// A stamp taken before the read vouches for what was read only if the
+	// file did not change in the last ticks of its clock.
+	if stamp.racy(s.now()) {
+		stamp = fileStamp{}
+	}
 	digest := digestOf(data)
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.last.Digest == digest {
+		s.stamp = stamp
 		return s.last, nil
 	}
 	specs, err := parseRulesFile(data)
@@ -82,8 +120,46 @@ func (s *FileSource) Load(context.Context) (Specs, error) {
 		return Specs{}, fmt.Errorf("rules file %s: %w", s.path, err)
 	}
 	specs.Digest = digest
-	s.last = specs
+	s.last, s.stamp = specs, stamp
 	return specs, nil
+}
+
+// readLimited reads the file at path, failing when it holds more than
+// limit bytes (it may have grown since it was measured).
+func readLimited(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("over the limit of %d MiB", limit>>20)
+	}
+	return data, nil
+}
+
+// fileStamp is what a stat says about a file's content without reading it.
+type fileStamp struct {
+	size         int64
+	mtime, ctime int64  // Unix nanoseconds; ctime 0 where the system does not say
+	dev, ino     uint64 // 0 where the system does not say
+}
+
+func stampOf(info os.FileInfo) fileStamp {
+	st := fileStamp{size: info.Size(), mtime: info.ModTime().UnixNano()}
+	st.ctime, st.dev, st.ino = sysStamp(info)
+	return st
+}
+
+// racy reports whether the file changed too recently, as of now, for the
+// stamp to tell a later edit apart.
+func (st fileStamp) racy(now time.Time) bool {
+	recent := now.Add(-racyWindow).UnixNano()
+	return st.mtime > recent || st.ctime > recent
 }
 
 // digestOf identifies content, for Specs.Digest.

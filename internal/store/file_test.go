@@ -25,6 +25,16 @@ func writeFile(t *testing.T, path, content string) {
 	}
 }
 
+// loadedCache is a cache of the rules file at path, loaded once.
+func loadedCache(t *testing.T, path string) *store.Cache {
+	t.Helper()
+	cache := store.NewCache(store.NewFileSource(path), store.CacheOptions{})
+	if err := cache.Refresh(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return cache
+}
+
 func rulesFile(threshold string) string {
 	return `
 5e3eef0679fa3700a0198a49:
@@ -286,10 +296,7 @@ func TestCacheLogsEachProblemOnce(t *testing.T) {
 func TestCacheConcurrentReads(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "rules.yaml")
 	writeFile(t, path, rulesFile("1"))
-	cache := store.NewCache(store.NewFileSource(path), store.CacheOptions{})
-	if err := cache.Refresh(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	cache := loadedCache(t, path)
 	if allocs := testing.AllocsPerRun(100, func() { cache.Rules("5e3eef0679fa3700a0198a49") }); allocs != 0 {
 		t.Errorf("Rules allocates %.0f times per call, want 0", allocs)
 	}
@@ -363,10 +370,7 @@ func TestCompile(t *testing.T) {
 func TestCacheSkipsUnchangedFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "rules.yaml")
 	writeFile(t, path, rulesFile("100"))
-	cache := store.NewCache(store.NewFileSource(path), store.CacheOptions{})
-	if err := cache.Refresh(t.Context()); err != nil {
-		t.Fatal(err)
-	}
+	cache := loadedCache(t, path)
 	first := cache.Snapshot()
 	if err := cache.Refresh(t.Context()); err != nil {
 		t.Fatal(err)
@@ -541,5 +545,60 @@ not-a-project: []
 		if lines[k] != line {
 			t.Errorf("%s: line %d, want %d (all: %v)", k, lines[k], line, lines)
 		}
+	}
+}
+
+// A rules file over the limit fails the load with a reason naming the
+// limit, before it is read, and the last good rules keep serving: a huge
+// file must not exhaust the worker's memory.
+func TestRulesFileOverLimitRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	writeFile(t, path, rulesFile("100"))
+	cache := loadedCache(t, path)
+	good := cache.Snapshot()
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Sparse: the size is there, the disk space is not.
+	if err := f.Truncate(store.MaxRulesFileBytes + 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	err = cache.Refresh(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "64 MiB") || !strings.Contains(err.Error(), path) {
+		t.Errorf("Refresh = %v, want an error naming the file and the 64 MiB limit", err)
+	}
+	if cache.Snapshot() != good {
+		t.Error("the last good rules are no longer served")
+	}
+}
+
+// An edit that keeps the file's size, made in place within the same tick
+// of the file system's clock (so that its modification time does not
+// move), is picked up at the next load.
+func TestSameSizeEditInPlaceIsPickedUp(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(path, []byte(rulesFile("100")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	info, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache := loadedCache(t, path)
+	if err := os.WriteFile(path, []byte(rulesFile("700")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(path, info.ModTime(), info.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	if err := cache.Refresh(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := cache.Rules("5e3eef0679fa3700a0198a49")[0].Windows[0].Threshold; got != 700 {
+		t.Errorf("threshold %d after the edit, want 700", got)
 	}
 }

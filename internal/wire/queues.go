@@ -25,6 +25,10 @@ func HashExchange(queue string) string { return queue + ".hash" }
 // DeliveryQueue is the queue of delivery jobs (§6): <prefix>.deliveries.
 func DeliveryQueue(prefix string) string { return prefix + ".deliveries" }
 
+// BulkQueue is the delivery queue of the jobs past their project's share
+// of DeliveryQueue: <prefix>.deliveries.bulk.
+func BulkQueue(prefix string) string { return prefix + ".deliveries.bulk" }
+
 // FailedQueue is the queue of notifications that failed for good (§5.7):
 // <prefix>.failed.
 func FailedQueue(prefix string) string { return prefix + ".failed" }

@@ -84,6 +84,10 @@ type Notifier struct {
 
 var _ notify.Channel = (*Notifier)(nil)
 
+// Host is the server every message goes through, whatever its recipients:
+// the SMTP server, whose sends share one budget and one circuit.
+func (n *Notifier) Host(string) string { return n.cfg.Addr }
+
 // New checks cfg and returns a Notifier. It does not connect.
 func New(cfg Config) (*Notifier, error) {
 	host, port, err := net.SplitHostPort(cfg.Addr)

@@ -70,8 +70,9 @@ func (n *Notifier) Notify(ctx context.Context, webhookURL string, m *notify.Mess
 
 // Text renders m as Loop markdown. What comes from an event or a rule sits
 // in code (a span for a title, a fenced block for the details), where
-// Mattermost shows it as typed: no formatting, no link, no @channel
-// mention; Klaxon's own wording is escaped.
+// Mattermost shows it as typed: no formatting, no link; Klaxon's own
+// wording is escaped. Nothing mentions anyone, in code (quiet) or in
+// escaped text.
 //
 // A single notification:
 //
@@ -164,27 +165,45 @@ func link(url, sep string) string {
 }
 
 // code shows s as typed in an inline code span. A span cannot hold a
-// backtick or a line break: those become a look-alike (ˋ) and a space.
+// backtick or a line break: those become a look-alike (ˋ) and a space
+// (every line break, as notify.OneLine has it). Nothing in it mentions
+// anyone (quiet).
 func code(s string) string {
-	return "`" + strings.NewReplacer("`", "ˋ", "\r\n", " ", "\n", " ", "\r", " ").Replace(s) + "`"
+	return "`" + quiet(strings.ReplaceAll(notify.OneLine(s), "`", "ˋ")) + "`"
+}
+
+// quiet keeps text in code from mentioning anyone. Mattermost reads an
+// incoming webhook's text as Slack's before anything else, code included:
+// it turns <!channel>, <!here> and <!all> into @channel, @here and @all,
+// and <@id> into @name, the user's. A zero-width space after every "<!"
+// and every @ (notify.Unmention) leaves nothing for it to turn, nor a
+// mention for its parser to find, whether or not it skips code; the text
+// reads the same.
+func quiet(s string) string {
+	return notify.Unmention(strings.ReplaceAll(s, "<!", "<\u200B!"))
 }
 
 // fence shows lines as typed in a fenced code block; a backtick becomes a
-// look-alike, so no line can close the fence.
+// look-alike, so no line can close the fence, and no @ mentions anyone.
 func fence(lines []string) string {
 	r := strings.NewReplacer("`", "ˋ")
 	var b strings.Builder
 	b.WriteString("```\n")
 	for _, l := range lines {
-		b.WriteString(r.Replace(notify.OneLine(l)) + "\n")
+		b.WriteString(quiet(r.Replace(notify.OneLine(l))) + "\n")
 	}
 	b.WriteString("```")
 	return b.String()
 }
 
 // escape makes s literal markdown text: every character Mattermost's
-// markdown gives a meaning inside a line is backslash-escaped.
+// markdown gives a meaning inside a line is backslash-escaped, and an @
+// is followed by a zero-width space (notify.Unmention): a backslash does
+// not stop Mattermost from reading "\\@channel" in a project name as a
+// mention of the whole channel. (With < and ! escaped, no <!channel> is
+// left for Mattermost to turn into @channel.)
 func escape(s string) string {
+	s = notify.Unmention(s)
 	var b strings.Builder
 	for _, r := range s {
 		if strings.ContainsRune("\\`*_~[]()<>|#!", r) {

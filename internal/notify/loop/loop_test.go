@@ -66,8 +66,8 @@ func TestSingleMessage(t *testing.T) {
 }
 
 // Titles and ids from events sit in code, where Mattermost shows them as
-// typed: no bold from *x*, no link, no @channel ping, and no backtick that
-// could close the code early.
+// typed: no bold from *x*, no link, and no backtick that could close the
+// code early; an @ is followed by a zero-width space, so no @channel ping.
 func TestTitleShownAsTyped(t *testing.T) {
 	const title = "*URGENT* __init__ [x](https://evil.example) @channel `f`\nline 2"
 	srv := notifytest.NewLoopServer(t)
@@ -77,11 +77,11 @@ func TestTitleShownAsTyped(t *testing.T) {
 		t.Fatal(err)
 	}
 	text := onlyRequest(t, srv).Text
-	if want := "`*URGENT* __init__ [x](https://evil.example) @channel ˋfˋ line 2`\n"; !strings.HasPrefix(text, want) {
+	if want := "`*URGENT* __init__ [x](https://evil.example) @\u200Bchannel ˋfˋ line 2`\n"; !strings.HasPrefix(text, want) {
 		t.Errorf("text does not start with the title in a code span %q:\n%s", want, text)
 	}
 	// The details are one fenced block: its only fences are its own.
-	if strings.Count(text, "```") != 2 || !strings.Contains(text, "group gˋˋˋ @all") {
+	if strings.Count(text, "```") != 2 || !strings.Contains(text, "group gˋˋˋ @\u200Ball") {
 		t.Errorf("details not confined to one code block:\n%s", text)
 	}
 
@@ -90,7 +90,7 @@ func TestTitleShownAsTyped(t *testing.T) {
 		t.Fatal(err)
 	}
 	text = onlyRequest(t, srv).Text
-	if want := "\n- `*URGENT* __init__ [x](https://evil.example) @channel ˋfˋ line 2` — "; !strings.Contains(text, want) {
+	if want := "\n- `*URGENT* __init__ [x](https://evil.example) @\u200Bchannel ˋfˋ line 2` — "; !strings.Contains(text, want) {
 		t.Errorf("digest lacks the title in a code span %q:\n%s", want, text)
 	}
 }
@@ -243,5 +243,22 @@ func TestGroupedNamesEveryRule(t *testing.T) {
 	}
 	if strings.Count(text, "`TypeError: x`") != 1 {
 		t.Errorf("the event's title is not shown once:\n%s", text)
+	}
+}
+
+// Nothing from an event or a rule can mention anyone: Mattermost reads
+// @channel, @all, @here and @someone anywhere in a post, a backslash
+// before the @ included, so the project name in a digest's header could
+// page a whole channel; and it turns Slack's <!channel> and <@id> into
+// mentions, in code too. Nor can it start a line with U+2028.
+func TestUserTextMentionsNoOne(t *testing.T) {
+	for _, m := range notifytest.Hostile(firedAt) {
+		text := loop.Text(m)
+		if bad := notifytest.Inert(text); bad != nil {
+			t.Errorf("message %s: %q in\n%s", m.ID, bad, text)
+		}
+		if !strings.Contains(text, "@\u200Bchannel") {
+			t.Errorf("message %s lost the @ of @channel:\n%s", m.ID, text)
+		}
 	}
 }

@@ -1,6 +1,9 @@
 package notifytest
 
 import (
+	"fmt"
+	"regexp"
+	"strings"
 	"time"
 
 	"github.com/klaxonhq/klaxon/internal/notify"
@@ -40,3 +43,47 @@ func Grouped(title string, firedAt time.Time) *notify.Message {
 	c.ID, c.RuleID, c.RuleDescription = "n-c", "64ab00000000000000000003", ""
 	return &notify.Message{ID: "group-1", ProjectID: a.ProjectID, Grouped: true, Notifications: []notify.Notification{a, b, c}}
 }
+
+// Hostile is a single message, a digest and a grouped message in which
+// every field that comes from an event or a rule (title, project name, rule
+// id and description, group hash, top frame) tries to mention everyone in a
+// chat (@channel, @all, @here, @someone, Slack's <!channel> and <@U…>) and
+// to start a line of its own with a Unicode line or paragraph separator,
+// for tests that a channel keeps such text inert: see Inert.
+func Hostile(firedAt time.Time) []*notify.Message {
+	const bad = "@channel @all\u2028@here\u2029<!channel> <!here> <@U024BE7LH> @someone\u0085x\u000By\u000Cz"
+	n := Threshold("n-1", "TypeError "+bad, firedAt)
+	n.ProjectName, n.RuleID, n.RuleDescription = "Shop "+bad, "rule "+bad, "rule text "+bad
+	n.Event.GroupHash = "g " + bad
+	n.History = &notify.History{TotalCount: 3, TopFrame: "frame " + bad}
+	single := Single(n)
+	digest := &notify.Message{ID: "d-1", ProjectID: n.ProjectID, RuleID: n.RuleID, Digest: true,
+		Notifications: []notify.Notification{n, n}}
+	grouped := Grouped("TypeError "+bad, firedAt)
+	for i := range grouped.Notifications {
+		g := &grouped.Notifications[i]
+		g.ProjectName, g.RuleID, g.RuleDescription = n.ProjectName, n.RuleID, n.RuleDescription
+	}
+	return []*notify.Message{single, digest, grouped}
+}
+
+// Inert reports what in text, a channel's rendering of a Hostile message,
+// a chat could read as a mention or a line of its own: an @ directly
+// before a name, "<!" or "<@" before one (Slack's mention syntax,
+// unescaped, which Mattermost reads too), and the
+// Unicode line breaks other than \n (U+2028, U+2029, U+0085, U+000B,
+// U+000C). It returns nil when there is none.
+func Inert(text string) []string {
+	var found []string
+	for _, m := range mention.FindAllString(text, -1) {
+		found = append(found, "mention "+m)
+	}
+	for _, r := range "\u2028\u2029\u0085\u000B\u000C" {
+		if strings.ContainsRune(text, r) {
+			found = append(found, fmt.Sprintf("line break %U", r))
+		}
+	}
+	return found
+}
+
+var mention = regexp.MustCompile(`@[\p{L}\p{N}_.\-]+|<[!@][\p{L}\p{N}^]+`)

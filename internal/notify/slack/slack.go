@@ -204,16 +204,19 @@ func mrkdwn(text string) *slackapi.TextBlockObject {
 // code shows an event title as typed, in an inline code span: mrkdwn has no
 // escape for * _ ~ and `, so "__init__" or "*args" in bold text would turn
 // into formatting. A code span cannot hold a backtick or a line break: those
-// become a look-alike (ˋ) and a space.
+// become a look-alike (ˋ) and a space (every line break, as notify.OneLine
+// has it).
 func code(title string) string {
-	title = strings.NewReplacer("`", "ˋ", "\r\n", " ", "\n", " ", "\r", " ").Replace(title)
-	return "`" + escape(title) + "`"
+	return "`" + escape(strings.ReplaceAll(notify.OneLine(title), "`", "ˋ")) + "`"
 }
 
 // escape replaces the three characters Slack treats as control characters
-// (&, <, >) with HTML entities, as Slack requires; nothing else is escaped.
+// (&, <, >) with HTML entities, as Slack requires, so no <!channel>,
+// <!here> or <@U…> mention is left; and it follows every @ with a
+// zero-width space (notify.Unmention), so a bare @channel mentions no one
+// even where a webhook parses names.
 func escape(s string) string {
-	s = strings.ReplaceAll(s, "&", "&amp;")
+	s = notify.Unmention(strings.ReplaceAll(s, "&", "&amp;"))
 	s = strings.ReplaceAll(s, "<", "&lt;")
 	return strings.ReplaceAll(s, ">", "&gt;")
 }

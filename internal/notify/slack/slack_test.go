@@ -297,6 +297,18 @@ func TestEndpointOutsideSlackHostsRefused(t *testing.T) {
 	if len(srv.Requests()) != 0 {
 		t.Errorf("the server got %d requests", len(srv.Requests()))
 	}
+	// A path that starts with the prefix but leads out of it with a dot
+	// segment is refused: the server would resolve it to /admin/.
+	n.Hosts, _ = netguard.ParsePatterns("127.0.0.1/services/")
+	for _, path := range []string{"/services/../admin/x", "/services/%2e%2e/admin/x"} {
+		if retry, err := n.Notify(context.Background(), srv.URL+path, single(threshold("n-1", "A"))); retry || !netguard.IsRefused(err) ||
+			!strings.Contains(err.Error(), "KLAXON_SLACK_HOSTS") {
+			t.Errorf("%s: Notify = %t, %v; want a permanent refusal naming KLAXON_SLACK_HOSTS", path, retry, err)
+		}
+	}
+	if len(srv.Requests()) != 0 {
+		t.Errorf("the server got %d requests", len(srv.Requests()))
+	}
 	// The same server, once its host is a pattern, gets the message.
 	local, _ := netguard.ParsePatterns("127.0.0.1")
 	n.Hosts = local
@@ -378,5 +390,24 @@ func TestGroupedNamesEveryRule(t *testing.T) {
 	}
 	if strings.Count(all, "&lt;b&gt;&amp;*_[x]") != 1 || !strings.Contains(r.Text, "3 rules fired") {
 		t.Errorf("the title is not shown once, escaped, or the text %q does not say how many rules fired:\n%s", r.Text, all)
+	}
+}
+
+// Nothing from an event or a rule can mention anyone: <!channel> and
+// <@U…> are escaped, and a bare @channel, which Slack links when a
+// workspace's webhook parses names, is broken by a zero-width space. Nor
+// can it start a line with U+2028.
+func TestUserTextMentionsNoOne(t *testing.T) {
+	for _, m := range notifytest.Hostile(firedAt) {
+		srv := notifytest.NewSlackServer(t)
+		if _, err := slack.New(nil).Notify(t.Context(), srv.URL, m); err != nil {
+			t.Fatal(err)
+		}
+		r := onlyRequest(t, srv)
+		for _, text := range append(blockTexts(r), r.Text) {
+			if bad := notifytest.Inert(text); bad != nil {
+				t.Errorf("message %s: %q in\n%s", m.ID, bad, text)
+			}
+		}
 	}
 }

@@ -69,6 +69,7 @@ type Config struct {
 type Notifier struct {
 	token      string
 	endpoint   string // tgbotapi's format: {api}/bot%s/%s
+	apiHost    string // the Bot API's host[:port]
 	client     *http.Client
 	hookClient *http.Client
 	hookHosts  []netguard.Pattern
@@ -76,6 +77,15 @@ type Notifier struct {
 }
 
 var _ notify.Channel = (*Notifier)(nil)
+
+// Host is the server a send to endpoint goes through: the Bot API's for a
+// chat, "" for a hook URL (its own host).
+func (n *Notifier) Host(endpoint string) string {
+	if IsHook(endpoint) {
+		return ""
+	}
+	return n.apiHost
+}
 
 // New checks cfg and returns a Notifier. It makes no request: tgbotapi's
 // constructors call getMe, which would make start-up depend on Telegram, so
@@ -89,6 +99,10 @@ func New(cfg Config) (*Notifier, error) {
 		api = DefaultAPIURL
 	}
 	if err := notify.CheckURL(Name, api); err != nil {
+		return nil, fmt.Errorf("telegram: API URL: %w", err)
+	}
+	u, err := url.Parse(api)
+	if err != nil {
 		return nil, fmt.Errorf("telegram: API URL: %w", err)
 	}
 	client := cfg.Client
@@ -113,6 +127,7 @@ func New(cfg Config) (*Notifier, error) {
 		token:   cfg.Token,
 		// A % in the base URL would read as a verb of tgbotapi's format.
 		endpoint:   strings.ReplaceAll(api, "%", "%%") + "/bot%s/%s",
+		apiHost:    u.Host,
 		client:     client,
 		hookClient: hookClient,
 		hookHosts:  cfg.HookHosts,
@@ -336,12 +351,16 @@ func link(url, sep string) string {
 	if url == "" {
 		return ""
 	}
-	return sep + `<a href="` + strings.ReplaceAll(escape(url), `"`, "&quot;") + `">` + notify.ViewEvent + "</a>"
+	return sep + `<a href="` + strings.ReplaceAll(html(url), `"`, "&quot;") + `">` + notify.ViewEvent + "</a>"
 }
 
-// escape makes s literal text in Telegram's HTML parse mode: <, > and &
-// are the characters it reserves.
-func escape(s string) string {
+// escape makes s literal text in Telegram's HTML parse mode (html), in
+// which no @username notifies anyone (notify.Unmention).
+func escape(s string) string { return notify.Unmention(html(s)) }
+
+// html escapes <, > and &, the characters Telegram's HTML parse mode
+// reserves.
+func html(s string) string {
 	s = strings.ReplaceAll(s, "&", "&amp;")
 	s = strings.ReplaceAll(s, "<", "&lt;")
 	return strings.ReplaceAll(s, ">", "&gt;")

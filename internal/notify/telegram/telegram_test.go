@@ -254,6 +254,17 @@ func TestLongDetailsFit(t *testing.T) {
 	if v := onlyRequest(t, srv).Visible; !strings.Contains(v, "Notification id n-1") || !strings.Contains(v, "repetition rrrr") {
 		t.Errorf("text lacks the ids:\n%s", v)
 	}
+
+	// Every @ grows by a zero-width space (no mention): a message of them
+	// fits still.
+	srv = notifytest.NewTelegramServer(t, token)
+	ats := strings.Repeat("@", 5000)
+	n = threshold("n-2", ats)
+	n.ProjectName, n.RuleDescription, n.Event.GroupHash, n.Event.RepetitionID = ats, ats, ats[:200], &ats
+	n.History = &notify.History{TotalCount: 2, TopFrame: ats}
+	if retry, err := newNotifier(t, srv.URL).Notify(context.Background(), "42", single(n)); err != nil {
+		t.Fatalf("Notify = %t, %v (the fake enforces the 4096-character limit)", retry, err)
+	}
 }
 
 // codexHook is CodeX's notify bot as Hawk uses it: a hook URL per chat that
@@ -393,7 +404,7 @@ func TestChatAllowlist(t *testing.T) {
 		t.Errorf("Telegram got sendMessage for chats %q, want the 3 allowed only", sent)
 	}
 
-	// Without an allowlist, any chat, as before.
+	// Without an allowlist, any chat the bot is in.
 	if _, err := newNotifier(t, srv.URL).Notify(context.Background(), "-1009999999", single(threshold("n-3", "A"))); err != nil {
 		t.Errorf("no allowlist: %v", err)
 	}
@@ -414,5 +425,21 @@ func TestGroupedNamesEveryRule(t *testing.T) {
 	}
 	if strings.Count(r.Visible, "TypeError: x") != 1 {
 		t.Errorf("the event's title is not shown once:\n%s", r.Visible)
+	}
+}
+
+// Nothing from an event or a rule can mention anyone: Telegram notifies
+// the member of a group an @username names. Nor can it start a line with
+// U+2028. The text stays valid Telegram HTML (the fake checks it).
+func TestUserTextMentionsNoOne(t *testing.T) {
+	for _, m := range notifytest.Hostile(firedAt) {
+		srv := notifytest.NewTelegramServer(t, token)
+		if _, err := newNotifier(t, srv.URL).Notify(t.Context(), "-100123", m); err != nil {
+			t.Fatal(err)
+		}
+		r := onlyRequest(t, srv)
+		if bad := notifytest.Inert(r.Text); bad != nil {
+			t.Errorf("message %s: %q in\n%s", m.ID, bad, r.Text)
+		}
 	}
 }
