@@ -3,6 +3,7 @@ package evaluator
 import (
 	"encoding/json"
 	"fmt"
+	"time"
 	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -139,7 +140,7 @@ func (e *Evaluator) failed(t tooBig, limit int) (queue.Message, error) {
 	reason := fmt.Sprintf("delivery job of %d bytes is over the limit of %d bytes: not sent, texts cut to %d bytes here",
 		t.size, limit, failedField)
 	return queue.Message{RoutingKey: e.FailedQueue, Body: body, MessageID: wire.FiringKey(n.ID, job.Channel),
-		ContentType: "application/json", Headers: amqp.Table{wire.ErrorHeader: reason}}, nil
+		ContentType: "application/json", Headers: amqp.Table{wire.ErrorHeader: reason}, Timestamp: time.Now()}, nil
 }
 
 // cut cuts s to failedField bytes without splitting a character.

@@ -153,6 +153,9 @@ func TestFiringTooBigForAnyJobGoesToTheFailedQueue(t *testing.T) {
 		len(body.RuleID) > 256 || body.Notification == nil || body.Notification.Event.Title != "boom" || len(body.Notifications) != 1 {
 		t.Errorf("failed record %.300s", f.Body)
 	}
+	if f.Timestamp.IsZero() {
+		t.Error("the failed record has no timestamp: klaxon failed shows when it was set aside")
+	}
 	if got := value(t, m.Notifications.WithLabelValues(rules.Webhook, "failed")); got != 1 {
 		t.Errorf("failed notifications counted %v, want 1", got)
 	}
