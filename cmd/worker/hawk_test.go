@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/klaxonhq/klaxon/internal/notify/hawksender"
@@ -153,7 +154,9 @@ func TestHawkSendersGetHawksTasks(t *testing.T) {
 	})
 	waitQuiet(t, senders.take, 18)
 
-	one := func(rule bson.M, group string) string { return hawkTask(project, ruleID(rule), hawkEvent(group, 1, "")) }
+	one := func(rule bson.M, group string) string {
+		return hawkTask(project, ruleID(rule), hawkEvent(group, 1, ""))
+	}
 	byFresh := []string{one(fresh, "g0"), one(fresh, "g1"), one(fresh, "g2")}
 	senders.check(map[string][]string{
 		"email": byFresh, "slack": byFresh, "loop": byFresh,
@@ -190,4 +193,34 @@ func TestHawkSendersLeaveStormOverOutAloud(t *testing.T) {
 		t.Errorf("klaxon_hawk_tasks_total{webhook,storm_over} = %v, want 1", n)
 	}
 	h.noProviderReached()
+}
+
+// Hawk's sender workers declare their queues as amqplib's assertQueue
+// does (durable, classic, no arguments) at every start; a queue Klaxon
+// made otherwise, quorum under KLAXON_QUEUE_TYPE say, would refuse them
+// with PRECONDITION_FAILED. So the worker declares them as Hawk does,
+// before any task, whatever the type of its own queues.
+func TestHawkSenderQueuesAreDeclaredAsHawkDeclaresThem(t *testing.T) {
+	h := newHarness(t)
+	h.hawkSenders()
+	h.env["KLAXON_QUEUE_TYPE"] = "quorum"
+	h.start()
+	for _, c := range rules.ChannelNames {
+		q := hawksender.Queue(hawkSenderPrefix(h.prefix), c)
+		withChannel(t, h.amqpURL, func(ch *amqp.Channel) {
+			if _, err := ch.QueueDeclarePassive(q, true, false, false, false, nil); err != nil {
+				t.Errorf("%s does not wait for Hawk's sender: %v", q, err)
+			}
+		})
+		withChannel(t, h.amqpURL, func(ch *amqp.Channel) {
+			if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+				t.Errorf("Hawk's sender declaring %s: %v", q, err)
+			}
+		})
+		withChannel(t, h.amqpURL, func(ch *amqp.Channel) {
+			if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": "classic"}); err != nil {
+				t.Errorf("%s is not a classic queue: %v", q, err)
+			}
+		})
+	}
 }

@@ -35,6 +35,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strings"
 
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
@@ -159,8 +160,9 @@ type Channel struct {
 }
 
 // Host is what the deliverer's per-host budgets and circuit count this
-// channel's sends against: its queue, the one place they all go.
-func (c *Channel) Host(string) string { return "amqp:" + c.Queue }
+// channel's sends against: its queue, the one place they all go. Without
+// colons, which would read as host:port, a name to look up in DNS.
+func (c *Channel) Host(string) string { return strings.ReplaceAll(c.Queue, ":", "_") }
 
 // Notify publishes m's tasks and returns once the broker has confirmed
 // every one. A failure to publish is worth a retry (the broker down, the

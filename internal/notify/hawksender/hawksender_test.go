@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -215,5 +216,18 @@ func TestStormOverIsLeftOutAloud(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), "hooks.slack.com") {
 		t.Errorf("the endpoint reached the logs: %s", logs.String())
+	}
+}
+
+// The deliverer budgets a channel's sends by its Host, and looks up in DNS
+// a host that reads as host:port: a queue name with a colon must not.
+func TestHostIsTheQueueAndNoAddress(t *testing.T) {
+	ch := &hawksender.Channel{Name: "email", Queue: "klaxon:test.sender/email"}
+	h := ch.Host("ops@example.com")
+	if _, _, err := net.SplitHostPort(h); err == nil {
+		t.Errorf("Host %q reads as host:port", h)
+	}
+	if h != ch.Host("dev@example.com") || !strings.Contains(h, "sender/email") {
+		t.Errorf("Host %q: want the queue, whatever the endpoint", h)
 	}
 }
