@@ -137,12 +137,9 @@ const (
 	defaultSendTimeout     = 10 * time.Second
 	defaultPprof           = false
 	defaultStormOver       = false
-	defaultOutput          = string(OutputSend)
-	// Hawk's sender workers consume sender/email, sender/telegram, …
-	defaultHawkSenderQueues = "sender/"
-	defaultAllowPorts       = "80,443"
-	defaultSlackHosts       = "hooks.slack.com/services/"
-	defaultTelegramHooks    = "notify.bot.codex.so"
+	defaultAllowPorts      = "80,443"
+	defaultSlackHosts      = "hooks.slack.com/services/"
+	defaultTelegramHooks   = "notify.bot.codex.so"
 	// Loop is installed on each customer's own servers: no host is
 	// everyone's. Operators narrow it to theirs.
 	defaultLoopHosts     = "*"
@@ -162,6 +159,10 @@ const (
 
 	defaultCircuitTrips = 5
 	defaultCircuitOpen  = 30 * time.Second
+
+	defaultOutput = string(OutputSend)
+	// Hawk's sender workers consume sender/email, sender/telegram, …
+	defaultHawkSenderQueues = "sender/"
 )
 
 // Variable describes one environment variable Load reads.
