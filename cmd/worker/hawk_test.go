@@ -189,6 +189,13 @@ func TestHawkSendersLeaveStormOverOutAloud(t *testing.T) {
 	if lines := h.logs.logLines(leftOut); len(lines) != 1 || lines[0]["storm_over"] != 1.0 || lines[0]["channel"] != "webhook" {
 		t.Errorf("log lines %v: want one naming the webhook's storm over", lines)
 	}
+	for line := range strings.Lines(h.logs.String()) {
+		if strings.Contains(line, leftOut) {
+			for _, problem := range logLineProblems([]byte(line)) {
+				t.Errorf("%s in %s", problem, line)
+			}
+		}
+	}
 	if n := w.metric(t, "klaxon_hawk_tasks_total", "channel", "webhook", "outcome", "storm_over"); n != 1 {
 		t.Errorf("klaxon_hawk_tasks_total{webhook,storm_over} = %v, want 1", n)
 	}
@@ -223,4 +230,30 @@ func TestHawkSenderQueuesAreDeclaredAsHawkDeclaresThem(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A group marked resolved in Hawk that comes back fires an ONLY_NEW rule
+// as a regression; Hawk's senders have no wording for one, so it reaches
+// them as the event it is, with the repetition that brought it back, once.
+func TestHawkSendersGetRegressionsAsEvents(t *testing.T) {
+	h := newHarness(t)
+	senders := h.hawkSenders()
+	fresh := rule(bson.M{"whatToReceive": "ONLY_NEW", "channels": h.webhookOnly()})
+	project := h.project(fresh)
+	testenv.HawkGroup(t, h.db, project, "g-res", 50, 1700000000, 2, bson.M{"resolved": int32(1700500000)})
+	h.env["MONGO_EVENTS_DATABASE_URI"] = h.env["KLAXON_MONGO_URL"]
+	w := h.start()
+
+	h.publish(event(project, "TypeError: x is undefined", "g-res", false, `"repetitionId":"r1"`),
+		event(project, "TypeError: x is undefined", "g-res", false, `"repetitionId":"r2"`))
+	senders.waitFor(1)
+	waitFor(t, 30*time.Second, "both events counted", func() bool {
+		return w.metric(t, "klaxon_events_total", "outcome", "counted") >= 2
+	})
+	waitQuiet(t, senders.take, 1)
+	senders.check(map[string][]string{"webhook": {hawkTask(project, ruleID(fresh), hawkEvent("g-res", 1, "r1"))}})
+	if n := w.metric(t, "klaxon_firings_total", "type", "regressed"); n != 1 {
+		t.Errorf("klaxon_firings_total{regressed} = %v, want 1: the task must be the regression's", n)
+	}
+	h.noProviderReached()
 }
