@@ -559,7 +559,7 @@ func (b *bench) workerEnv(kprefix string, own map[string]string) map[string]stri
 // workerQueues are the queues a worker with KLAXON_PREFIX kprefix declares
 // of its own, for the cleanup.
 func workerQueues(kprefix string) []string {
-	qs := []string{wire.DeliveryQueue(kprefix), wire.FailedQueue(kprefix)}
+	qs := []string{wire.DeliveryQueue(kprefix), wire.BulkQueue(kprefix), wire.FailedQueue(kprefix)}
 	for _, d := range wire.RetryDelays() {
 		qs = append(qs, wire.RetryQueue(kprefix, d))
 	}
@@ -1046,6 +1046,7 @@ func (b *bench) runKlaxon(ctx context.Context, bin, variant string, k int) (Resu
 	// delivery queue empty, then the sink quiet (jobs taken but not yet
 	// sent are not in the queue's ready count).
 	b.waitEmpty(ctx, wire.DeliveryQueue(kprefix), 10*time.Second)
+	b.waitEmpty(ctx, wire.BulkQueue(kprefix), 10*time.Second)
 	b.waitQuiet(ctx, time.Second, 10*time.Second)
 	res.Notifications = b.sink.received.Load() - notified
 

@@ -151,16 +151,17 @@ func (b *broker) peek(name string, n int) ([]string, error) {
 }
 
 // klaxonQueues are the queues the workers declare under prefix: the
-// delivery queue, the failed queue and the retry ladder, as the wire
-// contract names them.
+// delivery queue and its bulk lane, the failed queue and the retry ladder,
+// as the wire contract names them.
 type klaxonQueues struct {
 	deliveries string
+	bulk       string
 	failed     string
 	retries    []string
 }
 
 func queuesOf(prefix string) klaxonQueues {
-	qs := klaxonQueues{deliveries: wire.DeliveryQueue(prefix), failed: wire.FailedQueue(prefix)}
+	qs := klaxonQueues{deliveries: wire.DeliveryQueue(prefix), bulk: wire.BulkQueue(prefix), failed: wire.FailedQueue(prefix)}
 	for _, d := range wire.RetryDelays() {
 		qs.retries = append(qs.retries, wire.RetryQueue(prefix, d))
 	}

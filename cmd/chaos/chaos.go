@@ -255,7 +255,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	defer b.Close()
 	qs := queuesOf(res.Prefix)
-	allQueues := append([]string{res.Queue, wire.DeadQueue(res.Queue), qs.deliveries, qs.failed}, qs.retries...)
+	allQueues := append([]string{res.Queue, wire.DeadQueue(res.Queue), qs.deliveries, qs.bulk, qs.failed}, qs.retries...)
 	// Everything the run made goes, whatever happened.
 	defer func() {
 		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -366,7 +366,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	log.Info("kills stopped: the incoming queue is empty", "kills", kills, "took", res.Chaos)
 
 	settleStart := time.Now()
-	work := append([]string{res.Queue, qs.deliveries}, qs.retries...)
+	work := append([]string{res.Queue, qs.deliveries, qs.bulk}, qs.retries...)
 	res.Unsettled = settle(ctx, f, b, s, work, cfg.Quiet, log)
 	res.Settle = time.Since(settleStart)
 

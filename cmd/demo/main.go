@@ -103,7 +103,7 @@ func demoNames() names {
 // workerNames are the queues a worker with KLAXON_QUEUE q and
 // KLAXON_PREFIX prefix makes, and the start of its Redis keys.
 func workerNames(q, prefix string) names {
-	n := names{Queues: []string{q, wire.DeadQueue(q), wire.DeliveryQueue(prefix), wire.FailedQueue(prefix)}, KeyPrefix: prefix + ":"}
+	n := names{Queues: []string{q, wire.DeadQueue(q), wire.DeliveryQueue(prefix), wire.BulkQueue(prefix), wire.FailedQueue(prefix)}, KeyPrefix: prefix + ":"}
 	for _, d := range wire.RetryDelays() {
 		n.Queues = append(n.Queues, wire.RetryQueue(prefix, d))
 	}

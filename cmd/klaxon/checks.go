@@ -44,6 +44,11 @@ func deliveryProblems(cfg config.Config, snap *store.Snapshot, specs store.Specs
 // channelProblem says why the worker would never deliver on c, "" when it
 // may. The reason never holds the endpoint.
 func channelProblem(cfg config.Config, c rules.Channel) string {
+	if cfg.Output == config.OutputHawkSenders {
+		// Hawk's senders deliver, with their own settings: the worker
+		// reaches no provider.
+		return ""
+	}
 	switch c.Name {
 	case rules.Email:
 		if !cfg.EmailEnabled() {

@@ -21,6 +21,7 @@ func TestChannelProblem(t *testing.T) {
 	none := load(nil)
 	allowing := load(map[string]string{"KLAXON_ALLOW_PRIVATE_NETWORKS": "127.0.0.0/8,::1/128,10.0.0.0/8",
 		"KLAXON_TELEGRAM_TOKEN": "123:abc", "KLAXON_TELEGRAM_ALLOWED_CHATS": "-100123,@ops"})
+	hawk := load(map[string]string{"KLAXON_OUTPUT": "hawk-senders"})
 	for _, c := range []struct {
 		cfg              config.Config
 		channel, address string
@@ -46,6 +47,10 @@ func TestChannelProblem(t *testing.T) {
 		{allowing, rules.Telegram, "-100123", ""},
 		{allowing, rules.Telegram, "@OPS", ""},
 		{allowing, rules.Telegram, "-100999", "KLAXON_TELEGRAM_ALLOWED_CHATS"},
+		// Handed to Hawk's senders, which have their own settings.
+		{hawk, rules.Email, "ops@example.com", ""},
+		{hawk, rules.Telegram, "-100123", ""},
+		{hawk, rules.Webhook, "http://localhost:8080/hook", ""},
 	} {
 		got := channelProblem(c.cfg, rules.Channel{Name: c.channel, Endpoint: c.address})
 		if c.want == "" && got != "" || c.want != "" && !strings.Contains(got, c.want) {

@@ -27,8 +27,14 @@ import (
 // notifications, one new error at a time.
 
 // fairTries is how many of the victim's notifications each case times:
-// KLAXON_TEST_FAIR_TRIES, 5 by default.
+// KLAXON_TEST_FAIR_TRIES, 5 by default. The cases run only with
+// KLAXON_TEST_FAIRNESS=1, alone (scripts/test.sh runs them last): what
+// they bound is time, which a machine busy with other packages' tests
+// would eat into.
 func fairTries(t *testing.T) int {
+	if os.Getenv("KLAXON_TEST_FAIRNESS") != "1" {
+		t.Skip("set KLAXON_TEST_FAIRNESS=1 to run the fairness cases, alone")
+	}
 	if v := os.Getenv("KLAXON_TEST_FAIR_TRIES"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
@@ -232,13 +238,15 @@ func (h *harness) victimArrives(w *worker, victim string, chans victimChannels, 
 }
 
 // publishNoisy publishes the noisy projects' events and waits until the
-// evaluator has counted them all: the bound under test is the
-// deliverer's, not the incoming queue's order.
+// evaluator has counted them all and the deliverer has taken up their
+// jobs (each sending, put back or parked): the bound under test is the
+// deliverer's during the others' outage, not the incoming queue's order.
 func (h *harness) publishNoisy(w *worker, msgs []message) {
 	h.t.Helper()
 	h.publish(msgs...)
 	w.waitMetric(h.t, 60*time.Second, "the noisy projects' events counted", func(v float64) bool { return v >= float64(len(msgs)) },
 		"klaxon_events_total", "outcome", "counted")
+	waitFor(h.t, 60*time.Second, "the noisy jobs taken up", func() bool { return h.deliveryJobsReady(h.t) == 0 })
 }
 
 // noisyProjects stores n projects, each with rules rules that notify
@@ -266,7 +274,8 @@ func (h *harness) noisyProjects(n, rules, errors int, channel string, endpoint f
 // distinct path for each rule, take at most the host's sends: 10 projects
 // × 40 rules × 5 new errors (2,000 sends), then 100 projects × 4 rules. The
 // host's circuit opens; no job is lost to it.
-func TestHungHostOfManyProjectsDoesNotDelayAnother(t *testing.T) {
+func TestFairnessHungHostOfManyProjects(t *testing.T) {
+	tries := fairTries(t)
 	for _, c := range []struct{ projects, rules int }{{10, 40}, {100, 4}} {
 		t.Run(fmt.Sprintf("%d projects", c.projects), func(t *testing.T) {
 			h := newHarness(t)
@@ -279,7 +288,7 @@ func TestHungHostOfManyProjectsDoesNotDelayAnother(t *testing.T) {
 			w := h.start()
 			h.publishNoisy(w, noisy)
 			waitFor(t, 30*time.Second, "the hung host to be sent to", func() bool { return hung.arrived.Load() > 0 })
-			h.victimArrives(w, victim, chans, fairTries(t))
+			h.victimArrives(w, victim, chans, tries)
 
 			w.waitMetric(t, 30*time.Second, "the hung host's circuit to open", func(v float64) bool { return v >= 1 },
 				"klaxon_circuit_changes_total", "channel", "webhook", "state", "open")
@@ -299,7 +308,8 @@ func TestHungHostOfManyProjectsDoesNotDelayAnother(t *testing.T) {
 // 1,000 hanging endpoints, each an address of its own on loopback, over 10
 // projects: each project takes at most its own sends, whatever hosts it
 // names, and the webhook channel at most half of the worker's.
-func TestThousandHungAddressesDoNotDelayAnother(t *testing.T) {
+func TestFairnessThousandHungAddresses(t *testing.T) {
+	tries := fairTries(t)
 	h := newHarness(t)
 	hung := newProvider(t, hang)
 	var bases []string
@@ -313,8 +323,8 @@ func TestThousandHungAddressesDoNotDelayAnother(t *testing.T) {
 	w := h.start()
 	h.publishNoisy(w, noisy)
 	waitFor(t, 30*time.Second, "the hung endpoints to be sent to", func() bool { return hung.arrived.Load() >= 10*32 })
-	h.victimArrives(w, victim, chans, fairTries(t))
-	if got := hung.peak.Load(); got > 10*32+10 { // see TestHungHostOfManyProjectsDoesNotDelayAnother
+	h.victimArrives(w, victim, chans, tries)
+	if got := hung.peak.Load(); got > 10*32+10 { // see TestFairnessHungHostOfManyProjects
 		t.Errorf("the hung endpoints held %d requests at once, want at most 10 projects' 32 sends", got)
 	}
 }
@@ -322,7 +332,8 @@ func TestThousandHungAddressesDoNotDelayAnother(t *testing.T) {
 // Noisy projects whose every send is answered 429 with Retry-After: 3600
 // do not delay another project: each of their jobs is tried, then waits
 // out the hour in the retry queues.
-func TestRateLimitedProjectsDoNotDelayAnother(t *testing.T) {
+func TestFairnessRateLimitedProjects(t *testing.T) {
+	tries := fairTries(t)
 	h := newHarness(t)
 	limited := newProvider(t, refuse)
 	base := limited.listen(t, "127.0.0.1:0")
@@ -332,7 +343,7 @@ func TestRateLimitedProjectsDoNotDelayAnother(t *testing.T) {
 	w := h.start()
 	h.publishNoisy(w, noisy)
 	waitFor(t, 30*time.Second, "the noisy sends to be refused", func() bool { return limited.arrived.Load() > 0 })
-	h.victimArrives(w, victim, chans, fairTries(t))
+	h.victimArrives(w, victim, chans, tries)
 	w.waitMetric(t, 60*time.Second, "every noisy job tried once and put back", func(v float64) bool { return v >= 2000 },
 		"klaxon_notifications_total", "channel", "webhook", "outcome", "retried")
 	if v := w.metric(t, "klaxon_notifications_total", "channel", "webhook", "outcome", "failed"); v != 0 {
@@ -343,7 +354,8 @@ func TestRateLimitedProjectsDoNotDelayAnother(t *testing.T) {
 // When Slack hangs for every project, the other channels of every project
 // are unaffected, and once Slack answers again every Slack message goes
 // out, each once.
-func TestHungSlackDoesNotDelayOtherChannels(t *testing.T) {
+func TestFairnessHungSlack(t *testing.T) {
+	tries := fairTries(t)
 	h := newHarness(t)
 	slack := newProvider(t, hang)
 	base := slack.listen(t, "127.0.0.1:0")
@@ -358,7 +370,6 @@ func TestHungSlackDoesNotDelayOtherChannels(t *testing.T) {
 	w := h.start()
 	h.publishNoisy(w, noisy)
 	waitFor(t, 30*time.Second, "Slack to be sent to", func() bool { return slack.arrived.Load() > 0 })
-	tries := fairTries(t)
 	h.victimArrives(w, victim, chans, tries)
 
 	slack.mode.Store(answer)
@@ -383,7 +394,8 @@ func TestHungSlackDoesNotDelayOtherChannels(t *testing.T) {
 
 // A mail server that accepts connections and never answers takes the
 // email channel's sends only: every project's other channels go on.
-func TestHungMailServerDoesNotDelayOtherChannels(t *testing.T) {
+func TestFairnessHungMailServer(t *testing.T) {
+	tries := fairTries(t)
 	h := newHarness(t)
 	h.env["KLAXON_SMTP_ADDR"] = hungSMTP(t)
 	h.env["KLAXON_SEND_TIMEOUT"] = "3s"
@@ -394,7 +406,7 @@ func TestHungMailServerDoesNotDelayOtherChannels(t *testing.T) {
 	noisy := h.noisyProjects(10, 40, 5, "email", func(p, r int) string { return fmt.Sprintf("team-%d-%d@example.com", p, r) })
 	w := h.start()
 	h.publishNoisy(w, noisy)
-	h.victimArrives(w, victim, chans, fairTries(t))
+	h.victimArrives(w, victim, chans, tries)
 	w.waitMetric(t, 30*time.Second, "the mail server's circuit to open", func(v float64) bool { return v >= 1 },
 		"klaxon_circuit_changes_total", "channel", "email", "state", "open")
 }

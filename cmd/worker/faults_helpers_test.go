@@ -467,6 +467,11 @@ func withChannel(t testing.TB, amqpURL string, f func(ch *amqp.Channel)) {
 
 // readyMessages is the number of messages ready in a queue (not counting
 // those delivered and not yet acked).
+// deliveryJobsReady is how many delivery jobs wait in both lanes.
+func (h *harness) deliveryJobsReady(t testing.TB) int {
+	return readyMessages(t, h.amqpURL, h.prefix+".deliveries") + readyMessages(t, h.amqpURL, h.prefix+".deliveries.bulk")
+}
+
 func readyMessages(t testing.TB, amqpURL, queue string) int {
 	t.Helper()
 	n := 0

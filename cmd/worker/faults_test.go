@@ -423,7 +423,7 @@ func brokerOutage(t *testing.T, h *harness, perGroup, failSends int, down, up fu
 		t.Errorf("threshold %d fired %d times: events counted twice", perGroup+1, n)
 	}
 	waitFor(t, 30*time.Second, "the queues to drain", func() bool {
-		for _, q := range []string{h.queue, h.prefix + ".deliveries"} {
+		for _, q := range []string{h.queue, h.prefix + ".deliveries", h.prefix + ".deliveries.bulk"} {
 			if ready, unacked, ok := queueMessages(t, q); ok && ready+unacked != 0 {
 				return false
 			}

@@ -18,7 +18,9 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/klaxonhq/klaxon/internal/config"
+	"github.com/klaxonhq/klaxon/internal/notify/hawksender"
 	"github.com/klaxonhq/klaxon/internal/notify/notifytest"
+	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
@@ -81,6 +83,8 @@ func newHarness(t *testing.T) *harness {
 		"KLAXON_SLACK_HOSTS":            "127.0.0.1",
 		"KLAXON_TELEGRAM_HOOK_HOSTS":    "127.0.0.1",
 		"KLAXON_LOOP_HOSTS":             "127.0.0.1/hooks/",
+		// Hawk's sender queues of the test's own, for KLAXON_OUTPUT=hawk-senders.
+		"KLAXON_HAWK_SENDER_QUEUES": hawkSenderPrefix(h.prefix),
 	}
 	var queues []string
 	for _, q := range []string{"deliveries", "deliveries.bulk", "failed"} {
@@ -88,6 +92,9 @@ func newHarness(t *testing.T) *harness {
 	}
 	for _, d := range []string{"100ms", "250ms", "500ms", "1s", "2s", "4s", "8s", "16s", "32s", "1m4s", "2m8s", "4m16s", "8m32s"} {
 		queues = append(queues, h.prefix+".retry."+d)
+	}
+	for _, c := range rules.ChannelNames {
+		queues = append(queues, hawksender.Queue(hawkSenderPrefix(h.prefix), c))
 	}
 	testenv.DeleteQueuesAtCleanup(t, queues...)
 	t.Cleanup(func() {
@@ -97,6 +104,9 @@ func newHarness(t *testing.T) *harness {
 	})
 	return h
 }
+
+// hawkSenderPrefix is the prefix of a harness' queues of Hawk's senders.
+func hawkSenderPrefix(prefix string) string { return prefix + ".sender/" }
 
 func dbName(uri string) string {
 	path := uri[strings.LastIndex(uri, "/")+1:]

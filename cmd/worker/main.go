@@ -11,6 +11,8 @@
 //	    swept in Redis and ended with delivery jobs of their own
 //	queue.Consumer (<prefix>.deliveries)
 //	  → deliverer: claim → minPeriod digest → notify channel → record, or retry later
+//	    (with KLAXON_OUTPUT=hawk-senders the channel publishes Hawk's sender
+//	    task to sender/<channel> instead: notify/hawksender)
 //
 // Every setting is an environment variable; see docs/configuration.md. The
 // worker takes no arguments but --version and --help: anything else is an
@@ -284,8 +286,22 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	}
 
 	// The delivery queues exist whatever the role: evaluators publish to them.
-	chans, err := channels.Build(cfg, cfg.MaxSendsPerHost)
-	if err != nil {
+	var chans map[string]notify.Channel
+	var hpub *queue.Publisher // KLAXON_OUTPUT=hawk-senders: tasks for Hawk's senders
+	var hawkQueues []string
+	if cfg.Output == config.OutputHawkSenders {
+		hawkSendersNotice(cfg, log)
+		// A connection of its own, and classic queues whatever
+		// KLAXON_QUEUE_TYPE: Hawk's sender workers declare their queues
+		// durable and classic, without arguments, and so does this.
+		hpub, err = queue.NewPublisher(queue.PublisherConfig{URL: cfg.AMQPURL, ConnectionName: "klaxon-hawk-senders", Logger: log})
+		if err != nil {
+			return err
+		}
+		defer hpub.Close()
+		chans = channels.HawkSenders(cfg, hpub, hawkCounter{m.HawkTasks}, log.With("stage", "deliverer"))
+		hawkQueues = channels.HawkSenderQueues(cfg)
+	} else if chans, err = channels.Build(cfg, cfg.MaxSendsPerHost); err != nil {
 		return err
 	}
 	deadBounds := queue.Bounds{MaxMessages: cfg.DeadMaxMessages, MaxBytes: cfg.DeadMaxBytes}
@@ -392,6 +408,15 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		if err := dlv.Declare(ctx, dpub); err != nil {
 			return err
 		}
+		if cfg.Role.Delivers() {
+			// Declared here too, so that tasks published before Hawk's
+			// senders first start wait for them in their queues.
+			for _, q := range hawkQueues {
+				if err := hpub.Declare(ctx, q, nil); err != nil {
+					return fmt.Errorf("declare Hawk's sender queue %s: %w", q, err)
+				}
+			}
+		}
 		log.Info("klaxon running", "role", cfg.Role, "queues", consumedQueues(cfg), "http", ln.Addr().String(), "channels", channelNames(chans))
 		return runAll(ctx, work)
 	}
@@ -403,6 +428,25 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		},
 		start,
 	})
+}
+
+// hawkSendersNotice says once, at start, where firings go with
+// KLAXON_OUTPUT=hawk-senders, and warns of rules Hawk cannot look up.
+func hawkSendersNotice(cfg config.Config, log *slog.Logger) {
+	log.Info("firings go to Hawk's sender workers, which render and send them",
+		"setting", config.EnvOutput, "queues", strings.Join(channels.HawkSenderQueues(cfg), ","))
+	if cfg.RulesFile != "" {
+		log.Warn("Hawk's senders look rules up in Hawk's database, not in "+config.EnvRulesFile,
+			"setting", config.EnvOutput, "rules_file", cfg.RulesFile,
+			"fix", "Hawk's sender drops a task whose project or rule Hawk does not have; use the MongoDB rules store")
+	}
+}
+
+// hawkCounter counts on klaxon_hawk_tasks_total.
+type hawkCounter struct{ vec *prometheus.CounterVec }
+
+func (c hawkCounter) Add(channel, outcome string, n float64) {
+	c.vec.WithLabelValues(channel, outcome).Add(n)
 }
 
 // redisReady checks that Redis answers and, when writes wait for replicas

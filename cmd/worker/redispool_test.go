@@ -32,9 +32,8 @@ func TestEveryDeliveryJobHasARedisConnection(t *testing.T) {
 		msgs = append(msgs, event(project, fmt.Sprintf("error %d", i), fmt.Sprintf("g%d", i), true))
 	}
 	h.publish(msgs...)
-	deliveries := h.prefix + ".deliveries"
 	waitFor(t, 30*time.Second, fmt.Sprintf("%d delivery jobs queued", jobs), func() bool {
-		return readyMessages(t, h.amqpURL, deliveries) == jobs
+		return h.deliveryJobsReady(t) == jobs
 	})
 
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + r.port})

@@ -86,7 +86,7 @@ func (s *failoverStream) tally(t *testing.T, h *harness) (missed, extra int) {
 func waitDrained(t *testing.T, h *harness) {
 	t.Helper()
 	waitFor(t, 120*time.Second, "the queues to drain", func() bool {
-		for _, q := range []string{h.queue, h.prefix + ".deliveries"} {
+		for _, q := range []string{h.queue, h.prefix + ".deliveries", h.prefix + ".deliveries.bulk"} {
 			if ready, unacked, ok := queueMessages(t, q); ok && ready+unacked != 0 {
 				return false
 			}

@@ -70,6 +70,9 @@ const (
 	EnvSendTimeout     = "KLAXON_SEND_TIMEOUT"
 	EnvPprof           = "KLAXON_PPROF"
 	EnvStormOver       = "KLAXON_STORM_OVER"
+	// Where firings go: sent by Klaxon, or handed to Hawk's sender workers.
+	EnvOutput           = "KLAXON_OUTPUT"
+	EnvHawkSenderQueues = "KLAXON_HAWK_SENDER_QUEUES"
 	// Endpoints from rules (internal/netguard).
 	EnvAllowPrivateNetworks = "KLAXON_ALLOW_PRIVATE_NETWORKS"
 	EnvAllowPorts           = "KLAXON_ALLOW_PORTS"
@@ -158,6 +161,10 @@ const (
 
 	defaultCircuitTrips = 5
 	defaultCircuitOpen  = 30 * time.Second
+
+	defaultOutput = string(OutputSend)
+	// Hawk's sender workers consume sender/email, sender/telegram, …
+	defaultHawkSenderQueues = "sender/"
 )
 
 // Variable describes one environment variable Load reads.
@@ -205,6 +212,8 @@ func Variables() []Variable {
 		{EnvSendTimeout, "", formatDuration(defaultSendTimeout), false, "time limit of one delivery attempt to a provider"},
 		{EnvPprof, "", strconv.FormatBool(defaultPprof), false, "serve Go's profiler (net/http/pprof) under /debug/pprof/ on KLAXON_HTTP_ADDR"},
 		{EnvStormOver, "", strconv.FormatBool(defaultStormOver), false, "send a \"storm over\" message after every SEEN_MORE rule's storm, unless the rule says stormOver: false"},
+		{EnvOutput, "", defaultOutput, false, "what the deliverer does with a firing: send sends it through Klaxon's channels; hawk-senders publishes Hawk's sender task to <KLAXON_HAWK_SENDER_QUEUES><channel> for Hawk's own sender workers (docs/hawk.md)"},
+		{EnvHawkSenderQueues, "", defaultHawkSenderQueues, false, "prefix of the queues of Hawk's sender workers, for KLAXON_OUTPUT=hawk-senders: <prefix>email, <prefix>telegram, …"},
 		{EnvWaitReplicas, "", "0", false, "Redis replicas that must acknowledge a batch's writes before its messages are acked (0-16; Sentinel or single node)"},
 		{EnvWaitTimeout, "", formatDuration(defaultWaitTimeout), false, "how long a write waits for KLAXON_REDIS_WAIT_REPLICAS before its batch is held and retried"},
 		{EnvAllowPrivateNetworks, "", "", false, "CIDRs that endpoints from rules may reach besides the public internet, on any port"},
@@ -280,6 +289,10 @@ type Config struct {
 	SendTimeout     time.Duration // KLAXON_SEND_TIMEOUT, > 0
 	Pprof           bool          // KLAXON_PPROF: serve /debug/pprof/ on HTTPAddr
 	StormOver       bool          // KLAXON_STORM_OVER: "storm over" messages for rules that do not say
+	Output          Output        // KLAXON_OUTPUT
+	// HawkSenderQueues is the prefix of Hawk's sender queues
+	// (KLAXON_HAWK_SENDER_QUEUES), used when Output is OutputHawkSenders.
+	HawkSenderQueues string
 	// What endpoints from rules may reach, in canonical comma-separated
 	// form (kept as strings so that a Config compares with ==); use
 	// EndpointPolicy, SlackPatterns and TelegramHookPatterns.
@@ -523,6 +536,8 @@ func Load(getenv func(string) string) (Config, error) {
 	c.SendTimeout = l.duration(EnvSendTimeout, defaultSendTimeout)
 	c.Pprof = l.boolean(EnvPprof, defaultPprof)
 	c.StormOver = l.boolean(EnvStormOver, defaultStormOver)
+	c.Output = l.output()
+	c.HawkSenderQueues = l.hawkSenderQueues()
 	l.endpoints(&c)
 	c.DigestMaxFirings = l.count(EnvDigestMaxFirings, defaultDigestFirings, 1, 10_000)
 	c.DigestMaxBytes = int(l.size(EnvDigestMaxBytes, defaultDigestBytes, 1<<10, 16<<20))
@@ -958,6 +973,51 @@ func (l *loader) role() Role {
 	}
 	l.fail(s, fmt.Sprintf("%q is not one of all, evaluator, deliverer", s.value))
 	return RoleAll
+}
+
+// Output is what the deliverer does with a firing (KLAXON_OUTPUT).
+type Output string
+
+const (
+	// OutputSend sends firings through Klaxon's own channels.
+	OutputSend Output = "send"
+	// OutputHawkSenders publishes, for each firing and channel, the task
+	// Hawk's notifier would publish to Hawk's sender workers, which render
+	// and send it (docs/hawk.md).
+	OutputHawkSenders Output = "hawk-senders"
+)
+
+func (l *loader) output() Output {
+	s := l.lookup(EnvOutput, "", false)
+	if !s.set() {
+		return OutputSend
+	}
+	switch o := Output(strings.ToLower(s.value)); o {
+	case OutputSend, OutputHawkSenders:
+		return o
+	}
+	l.fail(s, fmt.Sprintf("%q is not one of send, hawk-senders", s.value))
+	return OutputSend
+}
+
+// longestChannel is the longest rule channel name, which a Hawk sender
+// queue's name ends with.
+const longestChannel = len(rules.Telegram)
+
+func (l *loader) hawkSenderQueues() string {
+	s := l.lookup(EnvHawkSenderQueues, "", false)
+	if !s.set() {
+		return defaultHawkSenderQueues
+	}
+	switch {
+	case strings.HasPrefix(s.value, "amq."):
+		l.fail(s, fmt.Sprintf("%q would name queues amq.*, which RabbitMQ reserves", s.value))
+	case strings.IndexFunc(s.value, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0:
+		l.fail(s, fmt.Sprintf("%q contains white space", s.value))
+	case len(s.value)+longestChannel > 255:
+		l.fail(s, fmt.Sprintf("is %d bytes long; the limit is %d so that <prefix>telegram fits RabbitMQ's 255", len(s.value), 255-longestChannel))
+	}
+	return s.value
 }
 
 func (l *loader) batching() (prefetch, batch int) {

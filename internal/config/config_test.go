@@ -42,6 +42,8 @@ func TestLoadDefaults(t *testing.T) {
 		TelegramAPI:       "https://api.telegram.org",
 		LogLevel:          slog.LevelInfo,
 		Role:              RoleAll,
+		Output:            OutputSend,
+		HawkSenderQueues:  "sender/",
 		QueueType:         "classic",
 		Prefetch:          2000,
 		BatchSize:         1000,
@@ -267,6 +269,8 @@ func TestLoadValues(t *testing.T) {
 		{"pprof off", map[string]string{EnvPprof: "0"}, func(c Config) bool { return !c.Pprof }},
 		{"storm over", map[string]string{EnvStormOver: "true"}, func(c Config) bool { return c.StormOver }},
 		{"storm over off by default", map[string]string{}, func(c Config) bool { return !c.StormOver }},
+		{"output to Hawk's senders", map[string]string{EnvOutput: "Hawk-Senders"}, func(c Config) bool { return c.Output == OutputHawkSenders }},
+		{"Hawk's sender queues", map[string]string{EnvHawkSenderQueues: "test.sender/"}, func(c Config) bool { return c.HawkSenderQueues == "test.sender/" }},
 		{"bounds", map[string]string{EnvDigestMaxFirings: "50", EnvDigestMaxBytes: "64KiB", EnvDeadMaxMessages: "1000", EnvDeadMaxBytes: "1GiB"},
 			func(c Config) bool {
 				return c.DigestMaxFirings == 50 && c.DigestMaxBytes == 64<<10 && c.DeadMaxMessages == 1000 && c.DeadMaxBytes == 1<<30
@@ -378,6 +382,10 @@ func TestLoadInvalid(t *testing.T) {
 		{map[string]string{EnvSendTimeout: "-1s"}, EnvSendTimeout, "not positive"},
 		{map[string]string{EnvPprof: "yes"}, EnvPprof, `"yes" is not true or false`},
 		{map[string]string{EnvStormOver: "all"}, EnvStormOver, `"all" is not true or false`},
+		{map[string]string{EnvOutput: "hawk"}, EnvOutput, "send, hawk-senders"},
+		{map[string]string{EnvHawkSenderQueues: "amq.sender/"}, EnvHawkSenderQueues, "RabbitMQ reserves"},
+		{map[string]string{EnvHawkSenderQueues: "sender /"}, EnvHawkSenderQueues, "white space"},
+		{map[string]string{EnvHawkSenderQueues: strings.Repeat("q", 250)}, EnvHawkSenderQueues, "the limit is 247"},
 		{map[string]string{EnvDigestMaxFirings: "0"}, EnvDigestMaxFirings, "from 1 to 10000"},
 		{map[string]string{EnvDigestMaxBytes: "1MB"}, EnvDigestMaxBytes, "not a size from 1KiB to 16MiB"},
 		{map[string]string{EnvDigestMaxBytes: "100"}, EnvDigestMaxBytes, "not a size from 1KiB"},

@@ -37,6 +37,8 @@ func (c Config) attrs() []slog.Attr {
 		slog.String("telegram_api_url", redactURL(c.TelegramAPI)),
 		slog.String("log_level", c.LogLevel.String()),
 		slog.String("role", string(c.Role)),
+		slog.String("output", string(c.Output)),
+		slog.String("hawk_sender_queues", c.HawkSenderQueues),
 		slog.String("queue_type", c.QueueType),
 		slog.Int("prefetch", c.Prefetch),
 		slog.Int("batch_size", c.BatchSize),

@@ -27,6 +27,11 @@ type Metrics struct {
 	// open (a key no longer in KLAXON_ENDPOINT_KEY, or an altered value),
 	// by channel; each also fails for good.
 	EndpointsUnopened *prometheus.CounterVec
+	// HawkTasks counts, with KLAXON_OUTPUT=hawk-senders, the firings
+	// handed to Hawk's sender workers (published) and those left out
+	// because Hawk's senders cannot render them (storm_over; omitted, a
+	// full digest's firings it does not list), by channel and outcome.
+	HawkTasks *prometheus.CounterVec
 	// CircuitChanges counts destinations' circuits changing state, by
 	// channel and new state (open, half_open, closed).
 	CircuitChanges *prometheus.CounterVec
@@ -93,6 +98,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		EndpointsUnopened: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "klaxon_endpoints_unopened_total", Help: "Delivery jobs whose sealed endpoint did not open, by channel; each failed for good.",
 		}, []string{"channel"}),
+		HawkTasks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "klaxon_hawk_tasks_total", Help: "Firings handed to Hawk's sender workers (published) or left out (storm_over, omitted), by channel and outcome.",
+		}, []string{"channel", "outcome"}),
 		CircuitChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "klaxon_circuit_changes_total", Help: "Destination circuits changing state, by channel and new state.",
 		}, []string{"channel", "state"}),
@@ -140,7 +148,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "klaxon_dependency_up", Help: "1 while a dependency answers.",
 		}, []string{"dependency"}),
 	}
-	reg.MustRegister(m.Events, m.RulesEvaluated, m.Firings, m.Notifications, m.EndpointsUnopened, m.CircuitChanges, m.CircuitsOpen, m.DeliveryLatency,
+	reg.MustRegister(m.Events, m.RulesEvaluated, m.Firings, m.Notifications, m.EndpointsUnopened, m.HawkTasks, m.CircuitChanges, m.CircuitsOpen, m.DeliveryLatency,
 		m.EventLag, m.QueueDepth, m.Consuming, m.Batches, m.BatchHeld, m.Storms, m.HeldBytes, m.ConsumerPauses, m.RuleLoads, m.RuleWarnings, m.Up)
 	return m
 }

@@ -46,7 +46,7 @@ func newBroker(t testing.TB) *broker {
 	conn, err := amqp.DialConfig(u, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
 	if err != nil {
 		t.Fatalf("RabbitMQ does not answer at %s: %v\n"+
-			"start it (see DEVELOPERS.md) or point KLAXON_TEST_AMQP_URL at one; these tests never fake the broker",
+			"start it (scripts/services.sh) or point KLAXON_TEST_AMQP_URL at one; these tests never fake the broker",
 			redacted(u), err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })

@@ -205,7 +205,7 @@ func dialRedis() (*redis.Client, error) {
 	defer cancel()
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		_ = rdb.Close()
-		return nil, fmt.Errorf("Redis at %s does not answer (%w); start it as DEVELOPERS.md says, or point %s at one",
+		return nil, fmt.Errorf("Redis at %s does not answer (%w); start it with scripts/services.sh, or point %s at one",
 			redact(raw), err, RedisURLEnv)
 	}
 	return rdb, nil
@@ -268,7 +268,7 @@ func AMQPURL(t testing.TB) string {
 	raw := envOr(AMQPURLEnv, DefaultAMQPURL)
 	conn, err := dialAMQP(raw)
 	if err != nil {
-		t.Fatalf("testenv: RabbitMQ at %s does not answer (%v); start it as DEVELOPERS.md says, or point %s at one",
+		t.Fatalf("testenv: RabbitMQ at %s does not answer (%v); start it with scripts/services.sh, or point %s at one",
 			redact(raw), err, AMQPURLEnv)
 	}
 	_ = conn.Close()

@@ -2,16 +2,20 @@
 // enables, the one way the worker's deliverer and `klaxon test-send` both
 // make them, so that a test message goes through exactly the code (clients,
 // endpoint checks, rendering, error classification) a firing goes through.
+// With KLAXON_OUTPUT=hawk-senders the worker's channels are HawkSenders
+// instead, which hand firings to Hawk's own sender workers.
 package channels
 
 import (
 	"fmt"
+	"log/slog"
 	"net/http"
 
 	"github.com/klaxonhq/klaxon/internal/config"
 	"github.com/klaxonhq/klaxon/internal/netguard"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/notify/email"
+	"github.com/klaxonhq/klaxon/internal/notify/hawksender"
 	"github.com/klaxonhq/klaxon/internal/notify/loop"
 	"github.com/klaxonhq/klaxon/internal/notify/slack"
 	"github.com/klaxonhq/klaxon/internal/notify/telegram"
@@ -63,4 +67,28 @@ func Build(cfg config.Config, connsPerHost int) (map[string]notify.Channel, erro
 	}
 	chans[rules.Telegram] = t
 	return chans, nil
+}
+
+// HawkSenders makes the channels of KLAXON_OUTPUT=hawk-senders: one for
+// every rule channel name, each publishing Hawk's sender task to pub, on
+// the queue <KLAXON_HAWK_SENDER_QUEUES><name>, for Hawk's own sender
+// workers to render and send. counted counts the firings published and
+// left out; nil counts nothing.
+func HawkSenders(cfg config.Config, pub hawksender.Publisher, counted hawksender.Counter, log *slog.Logger) map[string]notify.Channel {
+	chans := make(map[string]notify.Channel, len(rules.ChannelNames))
+	for _, name := range rules.ChannelNames {
+		chans[name] = &hawksender.Channel{Name: name, Queue: hawksender.Queue(cfg.HawkSenderQueues, name),
+			Publisher: pub, Counter: counted, Log: log}
+	}
+	return chans
+}
+
+// HawkSenderQueues are the queues HawkSenders publishes to, in
+// rules.ChannelNames order.
+func HawkSenderQueues(cfg config.Config) []string {
+	var qs []string
+	for _, name := range rules.ChannelNames {
+		qs = append(qs, hawksender.Queue(cfg.HawkSenderQueues, name))
+	}
+	return qs
 }
