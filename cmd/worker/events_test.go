@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -137,4 +138,41 @@ func blockTextsOf(blocks []map[string]any) []string {
 		}
 	}
 	return out
+}
+
+// With Hawk's events database, the default link is Hawk's own page of the
+// event, by the group document's _id, as Hawk's senders link; a group the
+// database does not hold (the grouper has not written it yet) gets the
+// fallback, the project's page. Slack shows the same link as the webhook.
+func TestLinksNameTheEventByItsIDInHawksDatabase(t *testing.T) {
+	h := newHarness(t)
+	channels := h.webhookOnly()
+	channels["slack"] = bson.M{"isEnabled": true, "endpoint": h.slack.URL, "minPeriod": 0}
+	project := h.project(rule(bson.M{"whatToReceive": "ONLY_NEW", "channels": channels}))
+	id := testenv.HawkGroup(t, h.db, project, "g-known", 1, 1700000000, 1, nil)
+	h.env["KLAXON_EVENTS_MONGO_URL"] = h.env["KLAXON_MONGO_URL"]
+	h.start()
+
+	h.publish(event(project, "TypeError: x is undefined", "g-known", true))
+	h.publish(event(project, "TypeError: y is undefined", "g-unwritten", true))
+	urls := map[string]string{}
+	for _, b := range h.webhookBodies(2) {
+		ev := b["event"].(map[string]any)
+		urls[ev["groupHash"].(string)] = ev["url"].(string)
+	}
+	byID := "https://garage.hawk.so/project/" + project + "/event/" + id + "/overview"
+	if want := map[string]string{"g-known": byID, "g-unwritten": "https://garage.hawk.so/project/" + project}; !maps.Equal(urls, want) {
+		t.Errorf("links %v, want %v", urls, want)
+	}
+	reqs, err := h.slack.WaitFor(2, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var texts []string
+	for _, r := range reqs {
+		texts = append(texts, strings.Join(blockTextsOf(r.Blocks), "\n"))
+	}
+	if got := countContaining(texts, byID+">") + countContaining(texts, byID+"|"); got != 1 {
+		t.Errorf("%d Slack messages link to %s, want 1: %q", got, byID, texts)
+	}
 }

@@ -258,7 +258,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 				DeadQueue:     wire.DeadQueue(cfg.Queue),
 				DeliveryQueue: wire.DeliveryQueue(cfg.Prefix),
 				Lanes:         lanes,
-				EventURL:      cfg.EventURL,
+				EventURL:      evaluator.Link{Template: cfg.EventURL, Fallback: cfg.EventURLFallback},
 				Keys:          cfg.EndpointKeys(),
 				Log:           log.With("stage", "evaluator"),
 				Metrics:       m,

@@ -82,10 +82,10 @@ type Evaluator struct {
 	// Lanes, when set, send a project's jobs past its share of the
 	// delivery queue to the bulk lane (lanes.go).
 	Lanes *Lanes
-	// EventURL is the template of the link to an event that messages
-	// carry, with {projectId} and {groupHash} (KLAXON_EVENT_URL); "" for
-	// none.
-	EventURL string
+	// EventURL makes the link to an event that messages carry
+	// (KLAXON_EVENT_URL, KLAXON_EVENT_URL_FALLBACK); the event's id is the
+	// group document's _id that Groups read.
+	EventURL Link
 	// Storms, when set, is told of every firing of a rule that wants
 	// "storm over" messages.
 	Storms Storms
@@ -207,7 +207,7 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 			return fmt.Errorf("publish %d dead letters and delivery jobs: %w", len(out), err)
 		}
 	}
-	if err := e.startStorms(ctx, events, msgs, results); err != nil {
+	if err := e.startStorms(ctx, events, msgs, results, groups); err != nil {
 		return err
 	}
 	e.record(tally, events, results, &regs)
@@ -217,7 +217,7 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 // startStorms tells Storms of the batch's firings that want a "storm
 // over" message, replays included: a batch that failed after counting
 // comes back with its firings replayed, and Storms knows the ones it saw.
-func (e *Evaluator) startStorms(ctx context.Context, events []counter.Event, msgs []event.Message, results []counter.Result) error {
+func (e *Evaluator) startStorms(ctx context.Context, events []counter.Event, msgs []event.Message, results []counter.Result, groups map[groupKey]events.Group) error {
 	if e.Storms == nil {
 		return nil
 	}
@@ -228,7 +228,7 @@ func (e *Evaluator) startStorms(ctx context.Context, events []counter.Event, msg
 				continue
 			}
 			n := Notification(&events[i], &msgs[i], o)
-			n.Event.URL = EventURL(e.EventURL, events[i].ProjectID, events[i].GroupHash)
+			n.Event.URL = e.EventURL.URL(events[i].ProjectID, events[i].GroupHash, groups[groupKey{events[i].ProjectID, events[i].GroupHash}].ID)
 			if err := e.Storms.Start(ctx, o.Rule, o.Window, &n); err != nil {
 				return fmt.Errorf("follow the storm of firing %s: %w", o.ID, err)
 			}
@@ -456,14 +456,15 @@ func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result
 			continue
 		}
 		n := Notification(ev, m, o)
-		n.Event.URL = EventURL(e.EventURL, ev.ProjectID, ev.GroupHash)
+		g, known := groups[groupKey{ev.ProjectID, ev.GroupHash}]
+		n.Event.URL = e.EventURL.URL(ev.ProjectID, ev.GroupHash, g.ID)
 		rule := o.Rule
 		if reg, ok := regs.lookup(o.Rule); ok {
 			rule = reg.rule
 			n.Type, n.RuleID = notify.TypeRegressed, rule.ID
 			n.ResolvedAt = time.Unix(reg.resolved, 0).UTC()
 		}
-		if g, ok := groups[groupKey{ev.ProjectID, ev.GroupHash}]; ok {
+		if known {
 			n.History = &notify.History{TotalCount: g.TotalCount, FirstSeen: g.FirstSeen, DaysRepeated: g.DaysRepeated, TopFrame: g.TopFrame}
 		}
 		for _, c := range rule.Channels {
@@ -530,15 +531,33 @@ func Notification(ev *counter.Event, m *event.Message, o *counter.Outcome) notif
 	return n
 }
 
-// EventURL fills the template's {projectId} and {groupHash}; "" for an
-// empty template. The group hash comes from the event: every byte but
-// RFC 3986's unreserved ones is percent-encoded, so it stays one path
-// segment or query value, and cannot end a link in any channel's markup.
-func EventURL(template, projectID, groupHash string) string {
+// Link makes the link to an event in messages.
+type Link struct {
+	// Template has {projectId}, {groupHash} and {eventId}, the group's
+	// document's _id in Hawk's events database (KLAXON_EVENT_URL); ""
+	// for no link.
+	Template string
+	// Fallback, with {projectId} and {groupHash}, is the link when
+	// Template has {eventId} and the event's id is unknown
+	// (KLAXON_EVENT_URL_FALLBACK); "" leaves the link out then.
+	Fallback string
+}
+
+// URL fills the template, or the fallback when the template needs an
+// eventID that is "": "" when neither applies. The values come from
+// events and Hawk's database: every byte but RFC 3986's unreserved ones is
+// percent-encoded, so each stays one path segment or query value, and
+// cannot end a link in any channel's markup.
+func (l Link) URL(projectID, groupHash, eventID string) string {
+	template := l.Template
+	if eventID == "" && strings.Contains(template, "{eventId}") {
+		template = l.Fallback
+	}
 	if template == "" {
 		return ""
 	}
-	return strings.NewReplacer("{projectId}", escapeAll(projectID), "{groupHash}", escapeAll(groupHash)).Replace(template)
+	return strings.NewReplacer("{projectId}", escapeAll(projectID), "{groupHash}", escapeAll(groupHash),
+		"{eventId}", escapeAll(eventID)).Replace(template)
 }
 
 func escapeAll(s string) string {

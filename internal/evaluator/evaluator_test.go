@@ -536,7 +536,7 @@ func TestFiringsOfStormOverRulesStartStorms(t *testing.T) {
 	}})
 	pub := &fakePublisher{}
 	e, _ := newEvaluator(snap, &fakeCounter{fire: map[string]bool{"storm": true, "plain": true}}, pub)
-	e.EventURL = "https://hawk.example/{groupHash}"
+	e.EventURL = evaluator.Link{Template: "https://hawk.example/{groupHash}"}
 	st := &storms{}
 	e.Storms = st
 	b := &queue.Batch{Deliveries: []queue.Delivery{delivery(hawk(project, "t", "g", false), "")}}
@@ -572,6 +572,35 @@ func TestDebugLogTracesEveryCountedEvent(t *testing.T) {
 		traced := strings.Contains(out.String(), `"msg":"event counted","project":"`+project+`","group":"g1","id":"id:m1","redelivered":false,"duplicate":false,"fired":["new"]`)
 		if traced != (level == slog.LevelDebug) {
 			t.Errorf("at %v, traced = %t; log:\n%s", level, traced, out.String())
+		}
+	}
+}
+
+// A link by {eventId} needs the group's id from Hawk's events database;
+// without it the fallback stands in (or no link), while a template by
+// {groupHash} never needs one. What comes from events is escaped to one
+// path segment.
+func TestLinkByEventIDFallsBackWithoutOne(t *testing.T) {
+	garage := evaluator.Link{
+		Template: "https://garage.hawk.so/project/{projectId}/event/{eventId}/overview",
+		Fallback: "https://garage.hawk.so/project/{projectId}#{groupHash}",
+	}
+	byHash := evaluator.Link{Template: "https://t.example/{projectId}/{groupHash}", Fallback: "https://unused.example"}
+	for _, tt := range []struct {
+		link                    evaluator.Link
+		project, group, eventID string
+		want                    string
+	}{
+		{garage, project, "g", "65f0c0ffee0000000000beef", "https://garage.hawk.so/project/" + project + "/event/65f0c0ffee0000000000beef/overview"},
+		{garage, project, "g", "", "https://garage.hawk.so/project/" + project + "#g"},
+		{evaluator.Link{Template: garage.Template}, project, "g", "", ""},
+		{byHash, project, "a/b?c", "", "https://t.example/" + project + "/a%2Fb%3Fc"},
+		{byHash, project, "g", "65f0c0ffee0000000000beef", "https://t.example/" + project + "/g"},
+		{garage, project, "g", "x/../y", "https://garage.hawk.so/project/" + project + "/event/x%2F..%2Fy/overview"},
+		{evaluator.Link{}, project, "g", "65f0", ""},
+	} {
+		if got := tt.link.URL(tt.project, tt.group, tt.eventID); got != tt.want {
+			t.Errorf("%+v with group %q, id %q: %q, want %q", tt.link, tt.group, tt.eventID, got, tt.want)
 		}
 	}
 }
