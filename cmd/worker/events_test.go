@@ -176,3 +176,36 @@ func TestLinksNameTheEventByItsIDInHawksDatabase(t *testing.T) {
 		t.Errorf("%d Slack messages link to %s, want 1: %q", got, byID, texts)
 	}
 }
+
+// The group's total in a message is never below the counts it reports
+// beside it: Hawk's count is read through a cache, so the firing of a
+// burst may see the count from before it (here the database still holds
+// 3 when the rule counts its tenth event in a minute).
+func TestHistoryTotalIsNeverBelowTheWindowsCount(t *testing.T) {
+	h := newHarness(t)
+	channels := h.webhookOnly()
+	channels["slack"] = bson.M{"isEnabled": true, "endpoint": h.slack.URL, "minPeriod": 0}
+	project := h.project(rule(bson.M{"whatToReceive": "SEEN_MORE", "threshold": 10, "thresholdPeriod": 60_000, "channels": channels}))
+	testenv.HawkGroup(t, h.db, project, "g-burst", 3, 1700000000, 2, nil)
+	h.env["KLAXON_EVENTS_MONGO_URL"] = h.env["KLAXON_MONGO_URL"]
+	h.start()
+
+	var burst []message
+	for i := range 10 {
+		burst = append(burst, event(project, "DatabaseError: timeout", "g-burst", i == 0, fmt.Sprintf(`"repetitionId":"b%d"`, i)))
+	}
+	h.publish(burst...)
+	b := h.webhookBodies(1)[0]
+	hist, _ := b["history"].(map[string]any)
+	if b["count"] != 10.0 || hist["totalCount"] != 10.0 || hist["daysRepeated"] != 2.0 {
+		t.Errorf("body %v: want count 10 and the history's totalCount 10 (the database's 3 is older)", b)
+	}
+	reqs, err := h.slack.WaitFor(1, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(blockTextsOf(reqs[0].Blocks), "\n")
+	if !strings.Contains(text, "10 events in the last 1 minute") || !strings.Contains(text, "Seen 10 times in total") {
+		t.Errorf("Slack message: want the window's 10 events and a total of 10:\n%s", text)
+	}
+}

@@ -465,7 +465,7 @@ func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result
 			n.ResolvedAt = time.Unix(reg.resolved, 0).UTC()
 		}
 		if known {
-			n.History = &notify.History{TotalCount: g.TotalCount, FirstSeen: g.FirstSeen, DaysRepeated: g.DaysRepeated, TopFrame: g.TopFrame}
+			n.History = history(g, &n)
 		}
 		for _, c := range rule.Channels {
 			dest := destination{c.Name, c.Endpoint}
@@ -558,6 +558,18 @@ func (l Link) URL(projectID, groupHash, eventID string) string {
 	}
 	return strings.NewReplacer("{projectId}", escapeAll(projectID), "{groupHash}", escapeAll(groupHash),
 		"{eventId}", escapeAll(eventID)).Replace(template)
+}
+
+// history is the group's history as a firing's message tells it. Hawk's
+// count is read through a cache (events.Reader, 5 s), so the firing of a
+// burst may see it from before the burst; the total is never told below
+// the counts the message gives beside it: those events are the group's.
+func history(g events.Group, n *notify.Notification) *notify.History {
+	total := max(g.TotalCount, n.Count)
+	for _, w := range n.Windows {
+		total = max(total, w.Count)
+	}
+	return &notify.History{TotalCount: total, FirstSeen: g.FirstSeen, DaysRepeated: g.DaysRepeated, TopFrame: g.TopFrame}
 }
 
 func escapeAll(s string) string {
