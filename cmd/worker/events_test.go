@@ -209,3 +209,42 @@ func TestHistoryTotalIsNeverBelowTheWindowsCount(t *testing.T) {
 		t.Errorf("Slack message: want the window's 10 events and a total of 10:\n%s", text)
 	}
 }
+
+// A countBy users rule needs event.user, which stock Hawk never sends:
+// behind it such a rule cannot fire. The worker says so, once per rule and
+// hour however many events come (each counts in
+// klaxon_rules_starved_total), leaves the rule counting events of the same
+// project alone, and counts events that do carry a user as before.
+func TestUsersRuleWithoutUsersIsReportedStarved(t *testing.T) {
+	h := newHarness(t)
+	users := rule(bson.M{"whatToReceive": "SEEN_MORE", "countBy": "users", "threshold": 2, "thresholdPeriod": hour, "channels": h.webhookOnly()})
+	plain := rule(bson.M{"whatToReceive": "SEEN_MORE", "threshold": 100, "thresholdPeriod": hour, "channels": h.webhookOnly()})
+	project := h.project(users, plain)
+	w := h.start()
+
+	stock := func(i int) message {
+		return event(project, "TypeError: x is undefined", "g", i == 0, fmt.Sprintf(`"repetitionId":"s%d"`, i))
+	}
+	h.publish(stock(0), stock(1), stock(2))
+	w.waitMetric(t, 30*time.Second, "3 starved events", func(v float64) bool { return v == 3 }, "klaxon_rules_starved_total", "reason", "no_user")
+	h.publish(stock(3), stock(4))
+	w.waitMetric(t, 30*time.Second, "5 starved events", func(v float64) bool { return v == 5 }, "klaxon_rules_starved_total", "reason", "no_user")
+	warned := h.logs.logLines("rule starved: its events lack a field it counts by, so it cannot fire on them")
+	if len(warned) != 1 || warned[0]["rule"] != ruleID(users) || warned[0]["project"] != project || warned[0]["field"] != "event.user" {
+		t.Errorf("warnings %v: want one, for the users rule, naming event.user", warned)
+	}
+	if n := len(h.webhook.Requests()); n != 0 {
+		t.Errorf("%d notifications from events without users", n)
+	}
+
+	// Events with users: counted, and the rule fires at its second user.
+	h.publish(event(project, "TypeError: x is undefined", "g", false, `"repetitionId":"u1"`, `"user":{"id":"alice"}`),
+		event(project, "TypeError: x is undefined", "g", false, `"repetitionId":"u2"`, `"user":{"id":"bob"}`))
+	b := h.webhookBodies(1)[0]
+	if b["ruleId"] != ruleID(users) || b["countBy"] != "users" || b["count"] != 2.0 {
+		t.Errorf("body %v: want the users rule firing at 2 users", b)
+	}
+	if v := w.metric(t, "klaxon_rules_starved_total", "reason", "no_user"); v != 5 {
+		t.Errorf("klaxon_rules_starved_total = %v after events with users, want still 5", v)
+	}
+}

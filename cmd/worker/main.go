@@ -56,6 +56,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/notify/channels"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/starved"
 	"github.com/klaxonhq/klaxon/internal/store"
 	"github.com/klaxonhq/klaxon/internal/storm"
 	"github.com/klaxonhq/klaxon/internal/version"
@@ -242,6 +243,9 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		// One per worker, shared by its evaluators: a project's share of
 		// the delivery queue is the worker's to count.
 		lanes := &evaluator.Lanes{Bulk: wire.BulkQueue(cfg.Prefix)}
+		// One per worker: it warns of a starved rule once an hour,
+		// whichever queue brought the events.
+		starving := starved.New(starved.Config{Redis: rdb, Prefix: cfg.Prefix, Log: log.With("stage", "evaluator"), Metrics: m})
 		// One consumer per incoming queue, each on its own connection: a
 		// queue deleted or refused holds up its own consumer only. And one
 		// evaluator per queue, sharing everything but the lock that lets
@@ -253,6 +257,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 				Rules:         cache,
 				Counter:       engine,
 				Storms:        storms,
+				Starved:       starving,
 				Publisher:     pub,
 				Groups:        groups,
 				DeadQueue:     wire.DeadQueue(cfg.Queue),

@@ -24,6 +24,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/seal"
+	"github.com/klaxonhq/klaxon/internal/starved"
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
@@ -66,6 +67,12 @@ type Storms interface {
 	Start(ctx context.Context, r *rules.Rule, window int, n *notify.Notification) error
 }
 
+// Starved is told of rules that saw events they cannot count: a countBy
+// users rule and events without event.user (starved.Watch).
+type Starved interface {
+	Saw(ctx context.Context, projectID string, r *rules.Rule, reason string, events int)
+}
+
 // Evaluator handles batches of incoming events.
 type Evaluator struct {
 	Rules     Rules
@@ -89,6 +96,9 @@ type Evaluator struct {
 	// Storms, when set, is told of every firing of a rule that wants
 	// "storm over" messages.
 	Storms Storms
+	// Starved, when set, is told of the batch's rules that saw events
+	// they cannot count.
+	Starved Starved
 	// Keys seal the endpoint in each delivery job (KLAXON_ENDPOINT_KEY);
 	// nil leaves it in clear.
 	Keys    *seal.Keys
@@ -118,9 +128,10 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 		// matched holds every event's matched rules back to back; each
 		// event's Rules is a full slice expression of it, so appending
 		// for the next event never writes into an earlier one's.
-		matched []*rules.Rule
-		tally   tally
-		pending = make([]pendingEvent, 0, len(b.Deliveries))
+		matched  []*rules.Rule
+		tally    tally
+		pending  = make([]pendingEvent, 0, len(b.Deliveries))
+		starving starvation
 	)
 	for i := range b.Deliveries {
 		d := &b.Deliveries[i]
@@ -162,6 +173,10 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 			tally[outUnmatched]++
 			continue
 		}
+		userID := m.Event.UserID()
+		if userID == "" {
+			starving.add(matched[first:])
+		}
 		events = append(events, counter.Event{
 			// Every event with an identity is looked up by it, first
 			// deliveries included: a producer publishes again what the
@@ -173,7 +188,7 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 			Redelivered: d.Redelivered,
 			ProjectID:   m.ProjectID,
 			GroupHash:   m.Event.GroupHash,
-			UserID:      m.Event.UserID(),
+			UserID:      userID,
 			Time:        m.Event.Time(),
 			Rules:       matched[first:len(matched):len(matched)],
 		})
@@ -210,8 +225,40 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 	if err := e.startStorms(ctx, events, msgs, results, groups); err != nil {
 		return err
 	}
+	e.tellStarved(ctx, starving)
 	e.record(tally, events, results, &regs)
 	return nil
+}
+
+// starvation counts, per rule, the batch's events it cannot count.
+type starvation map[starvedKey]int
+
+type starvedKey struct {
+	rule   *rules.Rule
+	reason string
+}
+
+// add notes the rules of an event without event.user that count users.
+func (s *starvation) add(matched []*rules.Rule) {
+	for _, r := range matched {
+		if reason := starved.Lacks(r, ""); reason != "" {
+			if *s == nil {
+				*s = make(starvation)
+			}
+			(*s)[starvedKey{r, reason}]++
+		}
+	}
+}
+
+// tellStarved tells Starved of a batch that was counted, once: a batch
+// tried again is told of when it succeeds.
+func (e *Evaluator) tellStarved(ctx context.Context, s starvation) {
+	if e.Starved == nil {
+		return
+	}
+	for k, n := range s {
+		e.Starved.Saw(ctx, k.rule.ProjectID, k.rule, k.reason, n)
+	}
 }
 
 // startStorms tells Storms of the batch's firings that want a "storm
