@@ -79,6 +79,9 @@ func TestNewErrorNotifiesEveryChannelOnce(t *testing.T) {
 	// the rule in words, and Hawk's page: without an events database the
 	// event's id is unknown, and the link is the project's page.
 	eventURL := "https://garage.hawk.so/project/" + project
+	if said := h.logs.logLines(eventIDUnknown); len(said) != 1 || said[0]["fallback"] != "https://garage.hawk.so/project/{projectId}" {
+		t.Errorf("start-up lines %v: want one saying links are the fallback's", said)
+	}
 	if a["version"] != "4" || a["projectName"] != "test project" || a["ruleDescription"] != "new errors" ||
 		a["event"].(map[string]any)["url"] != eventURL {
 		t.Errorf("webhook body %v: want version 3, the project's name, the rule in words and the event's URL", a)

@@ -164,6 +164,9 @@ func TestLinksNameTheEventByItsIDInHawksDatabase(t *testing.T) {
 	if want := map[string]string{"g-known": byID, "g-unwritten": "https://garage.hawk.so/project/" + project}; !maps.Equal(urls, want) {
 		t.Errorf("links %v, want %v", urls, want)
 	}
+	if said := h.logs.logLines(eventIDUnknown); len(said) != 0 {
+		t.Errorf("with an events database the worker said the event's id is unknown: %v", said)
+	}
 	reqs, err := h.slack.WaitFor(2, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)

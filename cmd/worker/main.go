@@ -239,6 +239,8 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			}
 			defer reader.Close(context.Background())
 			groups = reader
+		} else if strings.Contains(cfg.EventURL, "{eventId}") {
+			log.Info(eventIDUnknown, "fallback", cfg.EventURLFallback)
 		}
 		// One per worker, shared by its evaluators: a project's share of
 		// the delivery queue is the worker's to count.
@@ -716,3 +718,7 @@ func runAll(ctx context.Context, tasks []func(context.Context) error) error {
 	wg.Wait()
 	return errors.Join(errs...)
 }
+
+// eventIDUnknown is logged at start when links need the event's id and
+// nothing can give it: every message then links as the fallback says.
+const eventIDUnknown = "KLAXON_EVENT_URL links by {eventId}, the event's id in Hawk's events database, and KLAXON_EVENTS_MONGO_URL is not set: messages link to KLAXON_EVENT_URL_FALLBACK (none: no link)"

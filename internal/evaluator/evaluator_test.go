@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -602,5 +603,43 @@ func TestLinkByEventIDFallsBackWithoutOne(t *testing.T) {
 		if got := tt.link.URL(tt.project, tt.group, tt.eventID); got != tt.want {
 			t.Errorf("%+v with group %q, id %q: %q, want %q", tt.link, tt.group, tt.eventID, got, tt.want)
 		}
+	}
+}
+
+// starvedSeen records what an evaluator tells its Starved.
+type starvedSeen map[string]int
+
+func (s starvedSeen) Saw(_ context.Context, project string, r *rules.Rule, reason string, n int) {
+	s[project+"/"+r.ID+"/"+reason] += n
+}
+
+// Only the users rule starves, only of events without a user, and only a
+// batch that was counted is told of: one held for a retry is told of when
+// it succeeds, so nothing is counted twice.
+func TestStarvedIsToldOfUsersRulesEventsWithoutUsers(t *testing.T) {
+	snap := compile(t, map[string][]rules.Spec{project: {
+		{ID: "users", IsEnabled: true, WhatToReceive: rules.SeenMore, CountBy: rules.CountUsers, Threshold: 5, ThresholdPeriod: 60_000, Channels: webhook()},
+		{ID: "events", IsEnabled: true, WhatToReceive: rules.SeenMore, Threshold: 5, ThresholdPeriod: 60_000, Channels: webhook()},
+	}})
+	c := &fakeCounter{err: errors.New("redis down")}
+	e, _ := newEvaluator(snap, c, &fakePublisher{})
+	seen := starvedSeen{}
+	e.Starved = seen
+	withUser := fmt.Sprintf(`{"projectId":%q,"event":{"title":"t","groupHash":"g","isNew":false,"repetitionId":null,"user":{"id":"alice"}}}`, project)
+	b := &queue.Batch{Deliveries: []queue.Delivery{
+		delivery(hawk(project, "t", "g", false), ""), delivery(hawk(project, "t", "g", false), ""), delivery(withUser, ""),
+	}}
+	if err := e.Handle(context.Background(), b); err == nil {
+		t.Fatal("Handle succeeded with the counter down")
+	}
+	if len(seen) != 0 {
+		t.Fatalf("a batch held for a retry told of %v", seen)
+	}
+	c.err = nil
+	if err := e.Handle(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	if want := (starvedSeen{project + "/users/no_user": 2}); !maps.Equal(seen, want) {
+		t.Errorf("told of %v, want %v", seen, want)
 	}
 }
