@@ -27,6 +27,7 @@ import (
 var labelValues = map[string][]string{
 	"klaxon_events_total/outcome":        {"counted", "duplicate", "unmatched", "no_rules", "dead"},
 	"klaxon_firings_total/type":          {"new", "threshold"},
+	"klaxon_rules_starved_total/reason":  {"no_user"},
 	"klaxon_notifications_total/outcome": {"sent", "digested", "retried", "throttled", "deferred", "parked", "failed", "duplicate", "omitted", "snoozed"},
 	"klaxon_notifications_total/channel": rules.ChannelNames[:],
 	"klaxon_batches_total/stage":         {"evaluator", "deliverer"},

@@ -18,6 +18,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/event"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/snooze"
+	"github.com/klaxonhq/klaxon/internal/starved"
 )
 
 const explainUsage = `Usage: klaxon explain --project P --rule R (--group G [--title T] [--new] | --event FILE) [--rules FILE] [--json]
@@ -29,10 +30,15 @@ without changing anything: each window's count against its threshold,
 which window is closest to it, armed or in cooldown and until when, when
 each window's counted events leave it, the last firing (while the counter
 still holds the group: the firing's cooldown, or a window longer) with
-each channel's delivery record, and any snooze.
+each channel's delivery record, and any snooze. For a countBy users rule
+it says that the rule needs event.user, and whether a worker warned in
+the last two hours that the rule's events lack it (then the rule cannot
+fire on them).
 
 --event FILE is a sample incoming message (the queue's JSON): it gives the
-group, the title and isNew. With --group alone the match is not checked
+group, the title and isNew, and explain says what of it the rule cannot
+count without (event.user) and whether it counts at its arrival (no
+event.timestamp). With --group alone the match is not checked
 unless --title is given.
 
 Rules come from --rules FILE, else KLAXON_RULES_FILE, else MongoDB; Redis
@@ -58,6 +64,22 @@ type explanation struct {
 	// LastFiring is nil when the counter holds no firing of the group.
 	LastFiring *lastFired      `json:"lastFiring,omitempty"`
 	Snoozed    []snooze.Snooze `json:"snoozed,omitempty"`
+	// Needs is the event field the rule cannot count an event without
+	// (countBy users: event.user), nil for none.
+	Needs *need `json:"needs,omitempty"`
+	// ArrivalTime reports that the sample event (--event) has no
+	// event.timestamp: it counts at its arrival, on Redis' clock.
+	ArrivalTime bool `json:"arrivalTime,omitempty"`
+}
+
+type need struct {
+	Field  string `json:"field"`
+	Reason string `json:"reason"` // klaxon_rules_starved_total's label
+	// StarvedAt is when a worker last warned that the rule's events
+	// lacked the field (within the last two hours); zero when none did.
+	StarvedAt time.Time `json:"starvedAt,omitzero"`
+	// EventLacks reports that the sample event (--event) lacks it.
+	EventLacks bool `json:"eventLacks,omitempty"`
 }
 
 type matchResult struct {
@@ -117,7 +139,10 @@ func (a *app) explain(ctx context.Context, args []string) int {
 	if done {
 		return code
 	}
-	var match *matchResult
+	var (
+		match  *matchResult
+		sample *event.Message
+	)
 	if *title != "" {
 		match = &matchResult{Title: *title, IsNew: *isNew}
 	}
@@ -135,6 +160,7 @@ func (a *app) explain(ctx context.Context, args []string) int {
 		}
 		*project, *group = m.ProjectID, m.Event.GroupHash
 		match = &matchResult{Title: m.Event.Title, IsNew: m.Event.IsNew}
+		sample = &m
 	}
 	switch {
 	case len(rest) > 0:
@@ -188,6 +214,12 @@ func (a *app) explain(ctx context.Context, args []string) int {
 		}
 	}
 
+	x.Needs, err = needs(ctx, rdb, cfg.Prefix, rule, sample, now)
+	if err != nil {
+		return a.fail(cmd, err)
+	}
+	x.ArrivalTime = sample != nil && sample.Event.Time().IsZero()
+
 	if *asJSON {
 		enc := json.NewEncoder(a.stdout)
 		enc.SetIndent("", "  ")
@@ -196,6 +228,26 @@ func (a *app) explain(ctx context.Context, args []string) int {
 	}
 	a.printExplanation(x)
 	return exitOK
+}
+
+// needs says what field the rule cannot count an event without, whether a
+// worker warned lately that its events lack it, and whether the sample
+// event does.
+func needs(ctx context.Context, rdb redis.UniversalClient, prefix string, r *rules.Rule, sample *event.Message, now time.Time) (*need, error) {
+	reason := starved.Lacks(r, "")
+	if reason == "" {
+		return nil, nil
+	}
+	n := &need{Field: starved.Field(reason), Reason: reason}
+	mark, ok, err := starved.Read(ctx, rdb, prefix, r.ProjectID, r.ID, now)
+	if err != nil {
+		return nil, err
+	}
+	if ok && mark.Reason == reason {
+		n.StarvedAt = mark.At.UTC()
+	}
+	n.EventLacks = sample != nil && starved.Lacks(r, sample.Event.UserID()) != ""
+	return n, nil
 }
 
 // state is what an outcome of Inspect says, in the answers operators want.
@@ -280,6 +332,19 @@ func (a *app) printExplanation(x explanation) {
 	}
 	for _, sn := range x.Snoozed {
 		fmt.Fprintf(w, "snoozed until %s (%s)%s\n", ts(sn.Until), in(sn.Until), snoozeScope(sn))
+	}
+	if n := x.Needs; n != nil {
+		fmt.Fprintf(w, "needs %s in every event it counts (countBy users); stock Hawk sends none\n", n.Field)
+		if !n.StarvedAt.IsZero() {
+			fmt.Fprintf(w, "STARVED: a worker saw this rule's events without %s, last warned at %s: it cannot fire on them (log \"rule starved\", klaxon_rules_starved_total{reason=%q})\n",
+				n.Field, ts(n.StarvedAt), n.Reason)
+		}
+		if n.EventLacks {
+			fmt.Fprintf(w, "event: no %s: this rule cannot count it\n", n.Field)
+		}
+	}
+	if x.ArrivalTime {
+		fmt.Fprintf(w, "event: no event.timestamp: it counts at its arrival, on Redis' clock (a backlog drained at once counts as a burst)\n")
 	}
 }
 

@@ -4,14 +4,19 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/klaxonhq/klaxon/internal/config"
 	"github.com/klaxonhq/klaxon/internal/counter"
+	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/starved"
 	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
@@ -159,4 +164,79 @@ func dump(t *testing.T, prefix string) string {
 		fmt.Fprintf(&b, "%s=%x ttl~%v; ", k, v, ttl.Round(time.Minute))
 	}
 	return b.String()
+}
+
+// TestExplainTellsOfAStarvedUsersRule: a countBy users rule behind a stock
+// Hawk (no event.user) never fires, and explain is where people ask why.
+// It says the rule needs event.user, that a worker warned its events lack
+// it (the mark the worker's starved.Watch leaves), and what the sample
+// event lacks; a rule counting events needs nothing.
+func TestExplainTellsOfAStarvedUsersRule(t *testing.T) {
+	file := writeTemp(t, "rules.yml", projectA+`:
+  - id: users
+    isEnabled: true
+    whatToReceive: SEEN_MORE
+    countBy: users
+    threshold: 5
+    thresholdPeriod: 60000
+    channels:
+      webhook: {isEnabled: true, endpoint: "http://127.0.0.1:9/hook", minPeriod: 0}
+  - id: events
+    isEnabled: true
+    whatToReceive: SEEN_MORE
+    threshold: 5
+    thresholdPeriod: 60000
+    channels:
+      webhook: {isEnabled: true, endpoint: "http://127.0.0.1:9/hook", minPeriod: 0}
+`)
+	env := map[string]string{"KLAXON_REDIS_URL": testenv.RedisURL(), "KLAXON_PREFIX": testenv.KeyPrefix(t), "KLAXON_RULES_FILE": file}
+	ev := writeTemp(t, "event.json", `{"projectId":"`+projectA+`","event":{"title":"TypeError","groupHash":"g","isNew":false}}`)
+
+	// Before any worker saw the rule starve: the need, and the sample's lack.
+	r := klaxon(t, env, "explain", "--rule", "users", "--event", ev)
+	for _, want := range []string{"needs event.user in every event it counts", "event: no event.user: this rule cannot count it",
+		"event: no event.timestamp: it counts at its arrival"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("output lacks %q:\n%s%s", want, r.stdout, r.stderr)
+		}
+	}
+	if strings.Contains(r.stdout, "STARVED") {
+		t.Errorf("starved before any worker said so:\n%s", r.stdout)
+	}
+
+	// A worker's warning leaves its mark.
+	cfg, err := config.Load(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule, err := findRule(context.Background(), cfg, "", projectA, "users")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().Add(-time.Minute).Truncate(time.Millisecond)
+	w := starved.New(starved.Config{Redis: testenv.Redis(t), Prefix: env["KLAXON_PREFIX"], Log: slog.New(slog.DiscardHandler),
+		Metrics: metrics.New(prometheus.NewRegistry()), Now: func() time.Time { return at }})
+	w.Saw(context.Background(), projectA, rule, starved.NoUser, 3)
+	r = klaxon(t, env, "explain", "--rule", "users", "--event", ev, "--json")
+	var x explanation
+	if err := json.Unmarshal([]byte(r.stdout), &x); err != nil {
+		t.Fatalf("%v: %s%s", err, r.stdout, r.stderr)
+	}
+	if n := x.Needs; n == nil || n.Field != "event.user" || n.Reason != "no_user" || !n.StarvedAt.Equal(at) || !n.EventLacks || !x.ArrivalTime {
+		t.Errorf("needs %+v, arrival time %v: want event.user, starved at %v, lacking in the sample, counted at arrival", x.Needs, x.ArrivalTime, at)
+	}
+	r = klaxon(t, env, "explain", "--rule", "users", "--project", projectA, "--group", "g")
+	if !strings.Contains(r.stdout, "STARVED: a worker saw this rule's events without event.user") {
+		t.Errorf("output lacks the starvation:\n%s%s", r.stdout, r.stderr)
+	}
+
+	withUser := writeTemp(t, "user.json", `{"projectId":"`+projectA+`","event":{"title":"TypeError","groupHash":"g","isNew":false,"timestamp":1700000000,"user":{"id":"u1"}}}`)
+	r = klaxon(t, env, "explain", "--rule", "users", "--event", withUser)
+	if strings.Contains(r.stdout, "event: no event.user") || strings.Contains(r.stdout, "event: no event.timestamp") {
+		t.Errorf("an event with a user and a timestamp lacks neither:\n%s", r.stdout)
+	}
+	r = klaxon(t, env, "explain", "--rule", "events", "--event", ev)
+	if strings.Contains(r.stdout, "needs event.user") || strings.Contains(r.stdout, "STARVED") {
+		t.Errorf("a rule counting events needs no field:\n%s", r.stdout)
+	}
 }

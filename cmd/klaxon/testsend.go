@@ -108,7 +108,7 @@ func (a *app) testSend(ctx context.Context, args []string) int {
 
 	report := sendReport{ProjectID: rule.ProjectID, RuleID: rule.ID, ID: testID()}
 	msg := &notify.Message{ID: report.ID, ProjectID: rule.ProjectID, RuleID: rule.ID,
-		Notifications: []notify.Notification{testNotification(rule, report.ID, cfg.EventURL, time.Now())}}
+		Notifications: []notify.Notification{testNotification(rule, report.ID, evaluator.Link{Template: cfg.EventURL, Fallback: cfg.EventURLFallback}, time.Now())}}
 	code = exitOK
 	for _, c := range targets {
 		res := sendResult{Channel: c.Name}
@@ -164,12 +164,14 @@ func testID() string {
 const testGroup = "klaxon-test-send"
 
 // testNotification is a firing of rule as the worker makes it, by the
-// evaluator's own builder (evaluator.Notification and EventURL, as its
+// evaluator's own builder (evaluator.Notification and Link, as its
 // jobs are made): the project's name, the rule's description and the
-// event's link (KLAXON_EVENT_URL) are a real firing's. Only the event is
+// event's link (KLAXON_EVENT_URL) are a real firing's; the made-up event
+// has no id in Hawk's events database, so a link by {eventId} is the
+// fallback's (KLAXON_EVENT_URL_FALLBACK). Only the event is
 // made up, marked as a test in the title every channel shows, and a
 // threshold rule's windows are shown as just reached.
-func testNotification(r *rules.Rule, id, eventURL string, now time.Time) notify.Notification {
+func testNotification(r *rules.Rule, id string, link evaluator.Link, now time.Time) notify.Notification {
 	if !r.OnlyNew && len(r.Windows) == 0 {
 		only := *r
 		only.OnlyNew = true
@@ -187,7 +189,7 @@ func testNotification(r *rules.Rule, id, eventURL string, now time.Time) notify.
 		}
 	}
 	n := evaluator.Notification(&ev, &m, &o)
-	n.Event.URL = evaluator.EventURL(eventURL, r.ProjectID, testGroup)
+	n.Event.URL = link.URL(r.ProjectID, testGroup, "")
 	return n
 }
 

@@ -76,8 +76,12 @@ func TestNewErrorNotifiesEveryChannelOnce(t *testing.T) {
 		t.Errorf("webhook event %v", ev)
 	}
 	// What people act on: the project by name (from the rules snapshot),
-	// the rule in words, and Hawk's page of the event.
-	eventURL := "https://garage.hawk.so/project/" + project + "/event/grp-a/overview"
+	// the rule in words, and Hawk's page: without an events database the
+	// event's id is unknown, and the link is the project's page.
+	eventURL := "https://garage.hawk.so/project/" + project
+	if said := h.logs.logLines(eventIDUnknown); len(said) != 1 || said[0]["fallback"] != "https://garage.hawk.so/project/{projectId}" {
+		t.Errorf("start-up lines %v: want one saying links are the fallback's", said)
+	}
 	if a["version"] != "4" || a["projectName"] != "test project" || a["ruleDescription"] != "new errors" ||
 		a["event"].(map[string]any)["url"] != eventURL {
 		t.Errorf("webhook body %v: want version 3, the project's name, the rule in words and the event's URL", a)
@@ -104,8 +108,9 @@ func TestNewErrorNotifiesEveryChannelOnce(t *testing.T) {
 	if got := countContaining(loopTexts, "`"+title+"`"); got != 1 {
 		t.Errorf("%d Loop messages with grp-a's title in a code span, want 1: %q", got, loopTexts)
 	}
-	if got := countContaining(loopTexts, "[View event]("+eventURL+")"); got != 1 {
-		t.Errorf("%d Loop messages link to %s, want 1: %q", got, eventURL, loopTexts)
+	// Both groups' messages link to the project's page.
+	if got := countContaining(loopTexts, "[View event]("+eventURL+")"); got != 2 {
+		t.Errorf("%d Loop messages link to %s, want 2: %q", got, eventURL, loopTexts)
 	}
 	if got := countContaining(loopTexts, "Project test project ("+project+")"); got != 2 {
 		t.Errorf("%d Loop messages name the project, want 2: %q", got, loopTexts)

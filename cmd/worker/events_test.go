@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -137,4 +138,116 @@ func blockTextsOf(blocks []map[string]any) []string {
 		}
 	}
 	return out
+}
+
+// With Hawk's events database, the default link is Hawk's own page of the
+// event, by the group document's _id, as Hawk's senders link; a group the
+// database does not hold (the grouper has not written it yet) gets the
+// fallback, the project's page. Slack shows the same link as the webhook.
+func TestLinksNameTheEventByItsIDInHawksDatabase(t *testing.T) {
+	h := newHarness(t)
+	channels := h.webhookOnly()
+	channels["slack"] = bson.M{"isEnabled": true, "endpoint": h.slack.URL, "minPeriod": 0}
+	project := h.project(rule(bson.M{"whatToReceive": "ONLY_NEW", "channels": channels}))
+	id := testenv.HawkGroup(t, h.db, project, "g-known", 1, 1700000000, 1, nil)
+	h.env["KLAXON_EVENTS_MONGO_URL"] = h.env["KLAXON_MONGO_URL"]
+	h.start()
+
+	h.publish(event(project, "TypeError: x is undefined", "g-known", true))
+	h.publish(event(project, "TypeError: y is undefined", "g-unwritten", true))
+	urls := map[string]string{}
+	for _, b := range h.webhookBodies(2) {
+		ev := b["event"].(map[string]any)
+		urls[ev["groupHash"].(string)] = ev["url"].(string)
+	}
+	byID := "https://garage.hawk.so/project/" + project + "/event/" + id + "/overview"
+	if want := map[string]string{"g-known": byID, "g-unwritten": "https://garage.hawk.so/project/" + project}; !maps.Equal(urls, want) {
+		t.Errorf("links %v, want %v", urls, want)
+	}
+	if said := h.logs.logLines(eventIDUnknown); len(said) != 0 {
+		t.Errorf("with an events database the worker said the event's id is unknown: %v", said)
+	}
+	reqs, err := h.slack.WaitFor(2, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var texts []string
+	for _, r := range reqs {
+		texts = append(texts, strings.Join(blockTextsOf(r.Blocks), "\n"))
+	}
+	if got := countContaining(texts, byID+">") + countContaining(texts, byID+"|"); got != 1 {
+		t.Errorf("%d Slack messages link to %s, want 1: %q", got, byID, texts)
+	}
+}
+
+// The group's total in a message is never below the counts it reports
+// beside it: Hawk's count is read through a cache, so the firing of a
+// burst may see the count from before it (here the database still holds
+// 3 when the rule counts its tenth event in a minute).
+func TestHistoryTotalIsNeverBelowTheWindowsCount(t *testing.T) {
+	h := newHarness(t)
+	channels := h.webhookOnly()
+	channels["slack"] = bson.M{"isEnabled": true, "endpoint": h.slack.URL, "minPeriod": 0}
+	project := h.project(rule(bson.M{"whatToReceive": "SEEN_MORE", "threshold": 10, "thresholdPeriod": 60_000, "channels": channels}))
+	testenv.HawkGroup(t, h.db, project, "g-burst", 3, 1700000000, 2, nil)
+	h.env["KLAXON_EVENTS_MONGO_URL"] = h.env["KLAXON_MONGO_URL"]
+	h.start()
+
+	var burst []message
+	for i := range 10 {
+		burst = append(burst, event(project, "DatabaseError: timeout", "g-burst", i == 0, fmt.Sprintf(`"repetitionId":"b%d"`, i)))
+	}
+	h.publish(burst...)
+	b := h.webhookBodies(1)[0]
+	hist, _ := b["history"].(map[string]any)
+	if b["count"] != 10.0 || hist["totalCount"] != 10.0 || hist["daysRepeated"] != 2.0 {
+		t.Errorf("body %v: want count 10 and the history's totalCount 10 (the database's 3 is older)", b)
+	}
+	reqs, err := h.slack.WaitFor(1, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(blockTextsOf(reqs[0].Blocks), "\n")
+	if !strings.Contains(text, "10 events in the last 1 minute") || !strings.Contains(text, "Seen 10 times in total") {
+		t.Errorf("Slack message: want the window's 10 events and a total of 10:\n%s", text)
+	}
+}
+
+// A countBy users rule needs event.user, which stock Hawk never sends:
+// behind it such a rule cannot fire. The worker says so, once per rule and
+// hour however many events come (each counts in
+// klaxon_rules_starved_total), leaves the rule counting events of the same
+// project alone, and counts events that do carry a user as before.
+func TestUsersRuleWithoutUsersIsReportedStarved(t *testing.T) {
+	h := newHarness(t)
+	users := rule(bson.M{"whatToReceive": "SEEN_MORE", "countBy": "users", "threshold": 2, "thresholdPeriod": hour, "channels": h.webhookOnly()})
+	plain := rule(bson.M{"whatToReceive": "SEEN_MORE", "threshold": 100, "thresholdPeriod": hour, "channels": h.webhookOnly()})
+	project := h.project(users, plain)
+	w := h.start()
+
+	stock := func(i int) message {
+		return event(project, "TypeError: x is undefined", "g", i == 0, fmt.Sprintf(`"repetitionId":"s%d"`, i))
+	}
+	h.publish(stock(0), stock(1), stock(2))
+	w.waitMetric(t, 30*time.Second, "3 starved events", func(v float64) bool { return v == 3 }, "klaxon_rules_starved_total", "reason", "no_user")
+	h.publish(stock(3), stock(4))
+	w.waitMetric(t, 30*time.Second, "5 starved events", func(v float64) bool { return v == 5 }, "klaxon_rules_starved_total", "reason", "no_user")
+	warned := h.logs.logLines("rule starved: its events lack a field it counts by, so it cannot fire on them")
+	if len(warned) != 1 || warned[0]["rule"] != ruleID(users) || warned[0]["project"] != project || warned[0]["field"] != "event.user" {
+		t.Errorf("warnings %v: want one, for the users rule, naming event.user", warned)
+	}
+	if n := len(h.webhook.Requests()); n != 0 {
+		t.Errorf("%d notifications from events without users", n)
+	}
+
+	// Events with users: counted, and the rule fires at its second user.
+	h.publish(event(project, "TypeError: x is undefined", "g", false, `"repetitionId":"u1"`, `"user":{"id":"alice"}`),
+		event(project, "TypeError: x is undefined", "g", false, `"repetitionId":"u2"`, `"user":{"id":"bob"}`))
+	b := h.webhookBodies(1)[0]
+	if b["ruleId"] != ruleID(users) || b["countBy"] != "users" || b["count"] != 2.0 {
+		t.Errorf("body %v: want the users rule firing at 2 users", b)
+	}
+	if v := w.metric(t, "klaxon_rules_starved_total", "reason", "no_user"); v != 5 {
+		t.Errorf("klaxon_rules_starved_total = %v after events with users, want still 5", v)
+	}
 }

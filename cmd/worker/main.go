@@ -58,6 +58,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/notify/channels"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/starved"
 	"github.com/klaxonhq/klaxon/internal/store"
 	"github.com/klaxonhq/klaxon/internal/storm"
 	"github.com/klaxonhq/klaxon/internal/version"
@@ -240,10 +241,15 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			}
 			defer reader.Close(context.Background())
 			groups = reader
+		} else if strings.Contains(cfg.EventURL, "{eventId}") {
+			log.Info(eventIDUnknown, "fallback", cfg.EventURLFallback)
 		}
 		// One per worker, shared by its evaluators: a project's share of
 		// the delivery queue is the worker's to count.
 		lanes := &evaluator.Lanes{Bulk: wire.BulkQueue(cfg.Prefix)}
+		// One per worker: it warns of a starved rule once an hour,
+		// whichever queue brought the events.
+		starving := starved.New(starved.Config{Redis: rdb, Prefix: cfg.Prefix, Log: log.With("stage", "evaluator"), Metrics: m})
 		// One consumer per incoming queue, each on its own connection: a
 		// queue deleted or refused holds up its own consumer only. And one
 		// evaluator per queue, sharing everything but the lock that lets
@@ -255,13 +261,14 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 				Rules:         cache,
 				Counter:       engine,
 				Storms:        storms,
+				Starved:       starving,
 				Publisher:     pub,
 				Groups:        groups,
 				DeadQueue:     wire.DeadQueue(cfg.Queue),
 				DeliveryQueue: wire.DeliveryQueue(cfg.Prefix),
 				FailedQueue:   wire.FailedQueue(cfg.Prefix),
 				Lanes:         lanes,
-				EventURL:      cfg.EventURL,
+				EventURL:      evaluator.Link{Template: cfg.EventURL, Fallback: cfg.EventURLFallback},
 				Keys:          cfg.EndpointKeys(),
 				Log:           log.With("stage", "evaluator"),
 				Metrics:       m,
@@ -786,3 +793,7 @@ func runAll(ctx context.Context, tasks []func(context.Context) error) error {
 	wg.Wait()
 	return errors.Join(errs...)
 }
+
+// eventIDUnknown is logged at start when links need the event's id and
+// nothing can give it: every message then links as the fallback says.
+const eventIDUnknown = "KLAXON_EVENT_URL links by {eventId}, the event's id in Hawk's events database, and KLAXON_EVENTS_MONGO_URL is not set: messages link to KLAXON_EVENT_URL_FALLBACK (none: no link)"

@@ -94,6 +94,7 @@ const (
 	EnvMaxMatchedTitle      = "KLAXON_MAX_MATCHED_TITLE_BYTES"
 	EnvMaxEmailRecipients   = "KLAXON_MAX_EMAIL_RECIPIENTS"
 	EnvEventURL             = "KLAXON_EVENT_URL"
+	EnvEventURLFallback     = "KLAXON_EVENT_URL_FALLBACK"
 	// Fairness between projects in the deliverer.
 	EnvMaxSends           = "KLAXON_MAX_SENDS"
 	EnvMaxSendsPerHost    = "KLAXON_MAX_SENDS_PER_HOST"
@@ -150,8 +151,13 @@ const (
 	defaultDeadMessages  = 100_000
 	defaultDeadBytes     = 256 << 20
 	defaultHeldBytes     = 64 << 20
-	// Hawk's own page of an event group, as Hawk's senders link to it.
-	defaultEventURL = "https://garage.hawk.so/project/{projectId}/event/{groupHash}/overview"
+	// Hawk's own page of an event group, by the group document's _id, as
+	// Hawk's senders link to it (hawk.api loads an event by that id).
+	defaultEventURL = "https://garage.hawk.so/project/{projectId}/event/{eventId}/overview"
+	// defaultEventURLFallback is the link of the default KLAXON_EVENT_URL
+	// when the event's id is unknown: Garage has no page of a group by its
+	// hash, so the project's page, which lists its events.
+	defaultEventURLFallback = "https://garage.hawk.so/project/{projectId}"
 	// noEventURL leaves the link out: an empty value takes the default,
 	// as for every variable.
 	noEventURL          = "none"
@@ -233,7 +239,8 @@ func Variables() []Variable {
 		{EnvMaxFilterBytes, "", strconv.Itoa(rules.DefaultFilterBytes), false, "bytes a rule's filter words may add up to"},
 		{EnvMaxMatchedTitle, "", strconv.Itoa(rules.DefaultMatchedTitleBytes), false, "bytes at the start of an event title that filters search"},
 		{EnvMaxEmailRecipients, "", strconv.Itoa(rules.DefaultEmailRecipients), false, "addresses an email endpoint may name"},
-		{EnvEventURL, "", defaultEventURL, false, "link to an event in messages, with {projectId} and {groupHash}; none leaves it out"},
+		{EnvEventURL, "", defaultEventURL, false, "link to an event in messages, with {projectId}, {groupHash} and {eventId} (the _id of the group in Hawk's events database); none leaves it out"},
+		{EnvEventURLFallback, "", defaultEventURLFallback, false, "link when KLAXON_EVENT_URL has {eventId} and the event's id is unknown, with {projectId} and {groupHash}; none leaves it out; the default goes with the default KLAXON_EVENT_URL: with one of your own, unset leaves it out"},
 		{EnvMaxSends, "", strconv.Itoa(defaultSends), false, "delivery jobs one worker works on at once, sends in flight included (16-65535); one channel may take half"},
 		{EnvMaxSendsPerHost, "", strconv.Itoa(defaultSendsPerHost), false, "sends one host (host:port of an endpoint, the SMTP server, the Bot API) may have in flight in a worker (1-4096); four times that per resolved address"},
 		{EnvMaxSendsPerProject, "", strconv.Itoa(defaultSendsPerProj), false, "sends one project may have in flight in a worker (1-4096)"},
@@ -314,8 +321,13 @@ type Config struct {
 	// empty means any. A string keeps Config comparable.
 	TelegramAllowedChats string
 	// EventURL is the template of a link to an event in messages, with
-	// {projectId} and {groupHash} (KLAXON_EVENT_URL); "" leaves it out.
+	// {projectId}, {groupHash} and {eventId} (KLAXON_EVENT_URL); "" leaves
+	// it out.
 	EventURL string
+	// EventURLFallback is the link, with {projectId} and {groupHash}, of
+	// an event whose id is unknown when EventURL has {eventId}
+	// (KLAXON_EVENT_URL_FALLBACK); "" leaves it out.
+	EventURLFallback string
 	// Limits bound each project's rules (KLAXON_MAX_*).
 	Limits rules.Limits
 	// MaxSends bounds the delivery jobs one worker works on at once;
@@ -454,19 +466,41 @@ func (l *loader) lookup(name, alias string, raw bool) setting {
 	return setting{name: name}
 }
 
-// eventURL reads KLAXON_EVENT_URL: an absolute http(s) URL once its
-// placeholders are filled in, or "none".
-func (l *loader) eventURL() string {
+// eventURL reads KLAXON_EVENT_URL and KLAXON_EVENT_URL_FALLBACK: absolute
+// http(s) URLs once their placeholders are filled in, or "none". The
+// fallback stands in for an unknown {eventId}, so it may not have one.
+func (l *loader) eventURL(c *Config) {
 	s := l.lookup(EnvEventURL, "", false)
 	switch {
 	case !s.set():
-		return defaultEventURL
+		c.EventURL = defaultEventURL
 	case strings.EqualFold(s.value, noEventURL):
-		return ""
+		c.EventURL = ""
+	default:
+		c.EventURL = l.linkTemplate(s, "{projectId}, {groupHash} and {eventId}")
 	}
-	filled := strings.NewReplacer("{projectId}", "5e3eef0679fa3700a0198a49", "{groupHash}", "0").Replace(s.value)
+	f := l.lookup(EnvEventURLFallback, "", false)
+	switch {
+	case !f.set():
+		// Garage's project page is no fallback for an installation of
+		// one's own: without a fallback set, its link is left out.
+		if c.EventURL == defaultEventURL {
+			c.EventURLFallback = defaultEventURLFallback
+		}
+	case strings.EqualFold(f.value, noEventURL):
+	case strings.Contains(f.value, "{eventId}"):
+		l.fail(f, fmt.Sprintf("%q has {eventId}, which is what is unknown when the fallback is used; use {projectId} and {groupHash}, or none", f.value))
+	default:
+		c.EventURLFallback = l.linkTemplate(f, "{projectId} and {groupHash}")
+	}
+}
+
+// linkTemplate checks that s is an absolute http(s) URL once its
+// placeholders are filled in.
+func (l *loader) linkTemplate(s setting, placeholders string) string {
+	filled := strings.NewReplacer("{projectId}", "5e3eef0679fa3700a0198a49", "{groupHash}", "0", "{eventId}", "65f0c0ffee0000000000beef").Replace(s.value)
 	if u, err := url.Parse(filled); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		l.fail(s, fmt.Sprintf("%q is not an absolute http(s) URL (with {projectId} and {groupHash}), or none", s.value))
+		l.fail(s, fmt.Sprintf("%q is not an absolute http(s) URL (with %s), or none", s.value, placeholders))
 	}
 	return s.value
 }
@@ -544,7 +578,7 @@ func Load(getenv func(string) string) (Config, error) {
 	c.DeadMaxMessages = l.count(EnvDeadMaxMessages, defaultDeadMessages, 1, 100_000_000)
 	c.DeadMaxBytes = l.size(EnvDeadMaxBytes, defaultDeadBytes, 1<<20, 1<<40)
 	c.TelegramAllowedChats = l.chats()
-	c.EventURL = l.eventURL()
+	l.eventURL(&c)
 	c.MaxSends = l.count(EnvMaxSends, defaultSends, 16, 65535)
 	c.MaxSendsPerHost = l.count(EnvMaxSendsPerHost, defaultSendsPerHost, 1, 4096)
 	c.MaxSendsPerProject = l.count(EnvMaxSendsPerProject, defaultSendsPerProj, 1, 4096)

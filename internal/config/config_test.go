@@ -60,7 +60,8 @@ func TestLoadDefaults(t *testing.T) {
 		SlackHosts:        "hooks.slack.com/services/",
 		TelegramHookHosts: "notify.bot.codex.so",
 		LoopHosts:         "*",
-		EventURL:          "https://garage.hawk.so/project/{projectId}/event/{groupHash}/overview",
+		EventURL:          "https://garage.hawk.so/project/{projectId}/event/{eventId}/overview",
+		EventURLFallback:  "https://garage.hawk.so/project/{projectId}",
 
 		DigestMaxFirings: 500,
 		DigestMaxBytes:   1 << 20,

@@ -68,26 +68,42 @@ func TestLoadEndpointSettingsInvalid(t *testing.T) {
 	}
 }
 
-// KLAXON_EVENT_URL links messages to the tracker: Hawk's own page by
-// default, any http(s) template, or none (an empty value is unset, as for
-// every variable, and takes the default).
+// KLAXON_EVENT_URL links messages to the tracker: Hawk's own page of the
+// event by its id by default, any http(s) template, or none (an empty
+// value is unset, as for every variable, and takes the default).
+// KLAXON_EVENT_URL_FALLBACK is the link when the id is unknown: Garage's
+// project page beside the default, none beside a template of one's own
+// (Garage's page would be another installation's).
 func TestLoadEventURL(t *testing.T) {
-	for value, want := range map[string]string{
-		"":     "https://garage.hawk.so/project/{projectId}/event/{groupHash}/overview",
-		"none": "",
-		"NONE": "",
-		"https://hawk.example.com/project/{projectId}/event/{groupHash}": "https://hawk.example.com/project/{projectId}/event/{groupHash}",
+	const garage, garageProject = "https://garage.hawk.so/project/{projectId}/event/{eventId}/overview", "https://garage.hawk.so/project/{projectId}"
+	own := "https://hawk.example.com/project/{projectId}/event/{eventId}/overview"
+	byHash := "https://tracker.example.com/{projectId}/groups/{groupHash}"
+	for _, tt := range []struct{ url, fallback, wantURL, wantFallback string }{
+		{"", "", garage, garageProject},
+		{"none", "", "", ""},
+		{"NONE", "", "", ""},
+		{own, "", own, ""},
+		{own, byHash, own, byHash},
+		{own, "none", own, ""},
+		{"", "none", garage, ""},
+		{byHash, "", byHash, ""},
 	} {
-		c, err := Load(env(map[string]string{EnvEventURL: value}))
-		if err != nil || c.EventURL != want {
-			t.Errorf("%q: %q, %v; want %q", value, c.EventURL, err, want)
+		c, err := Load(env(map[string]string{EnvEventURL: tt.url, EnvEventURLFallback: tt.fallback}))
+		if err != nil || c.EventURL != tt.wantURL || c.EventURLFallback != tt.wantFallback {
+			t.Errorf("%q, fallback %q: %q, %q, %v; want %q, %q", tt.url, tt.fallback, c.EventURL, c.EventURLFallback, err, tt.wantURL, tt.wantFallback)
 		}
 	}
-	for _, bad := range []string{"garage.hawk.so/project/{projectId}", "ftp://x/{groupHash}", "https://"} {
-		_, err := Load(env(map[string]string{EnvEventURL: bad}))
+	for _, bad := range []struct{ name, value, want string }{
+		{EnvEventURL, "garage.hawk.so/project/{projectId}", "not an absolute http(s) URL"},
+		{EnvEventURL, "ftp://x/{groupHash}", "not an absolute http(s) URL"},
+		{EnvEventURL, "https://", "not an absolute http(s) URL"},
+		{EnvEventURLFallback, "tracker/{groupHash}", "not an absolute http(s) URL"},
+		{EnvEventURLFallback, "https://garage.hawk.so/project/{projectId}/event/{eventId}", "{eventId}"},
+	} {
+		_, err := Load(env(map[string]string{bad.name: bad.value}))
 		var ce *Error
-		if !errors.As(err, &ce) || ce.Var != EnvEventURL {
-			t.Errorf("%q: %v, want an error naming %s", bad, err, EnvEventURL)
+		if !errors.As(err, &ce) || ce.Var != bad.name || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%s=%q: %v, want an error naming %s saying %q", bad.name, bad.value, err, bad.name, bad.want)
 		}
 	}
 }

@@ -60,6 +60,7 @@ func (c Config) attrs() []slog.Attr {
 		slog.String("loop_hosts", c.LoopHosts),
 		slog.String("telegram_allowed_chats", c.TelegramAllowedChats),
 		slog.String("event_url", c.EventURL),
+		slog.String("event_url_fallback", c.EventURLFallback),
 		slog.Int("max_rules_per_project", c.Limits.RulesPerProject),
 		slog.Int("max_windows_per_rule", c.Limits.WindowsPerRule),
 		slog.Int("max_filter_words", c.Limits.FilterWords),

@@ -25,6 +25,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/seal"
+	"github.com/klaxonhq/klaxon/internal/starved"
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
@@ -67,6 +68,12 @@ type Storms interface {
 	Start(ctx context.Context, r *rules.Rule, window int, n *notify.Notification) error
 }
 
+// Starved is told of rules that saw events they cannot count: a countBy
+// users rule and events without event.user (starved.Watch).
+type Starved interface {
+	Saw(ctx context.Context, projectID string, r *rules.Rule, reason string, events int)
+}
+
 // Evaluator handles batches of incoming events.
 type Evaluator struct {
 	Rules     Rules
@@ -87,13 +94,16 @@ type Evaluator struct {
 	// Lanes, when set, send a project's jobs past its share of the
 	// delivery queue to the bulk lane (lanes.go).
 	Lanes *Lanes
-	// EventURL is the template of the link to an event that messages
-	// carry, with {projectId} and {groupHash} (KLAXON_EVENT_URL); "" for
-	// none.
-	EventURL string
+	// EventURL makes the link to an event that messages carry
+	// (KLAXON_EVENT_URL, KLAXON_EVENT_URL_FALLBACK); the event's id is the
+	// group document's _id that Groups read.
+	EventURL Link
 	// Storms, when set, is told of every firing of a rule that wants
 	// "storm over" messages.
 	Storms Storms
+	// Starved, when set, is told of the batch's rules that saw events
+	// they cannot count.
+	Starved Starved
 	// Keys seal the endpoint in each delivery job (KLAXON_ENDPOINT_KEY);
 	// nil leaves it in clear.
 	Keys    *seal.Keys
@@ -126,9 +136,10 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 		// matched holds every event's matched rules back to back; each
 		// event's Rules is a full slice expression of it, so appending
 		// for the next event never writes into an earlier one's.
-		matched []*rules.Rule
-		tally   tally
-		pending = make([]pendingEvent, 0, len(b.Deliveries))
+		matched  []*rules.Rule
+		tally    tally
+		pending  = make([]pendingEvent, 0, len(b.Deliveries))
+		starving starvation
 	)
 	for i := range b.Deliveries {
 		d := &b.Deliveries[i]
@@ -170,6 +181,10 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 			tally[outUnmatched]++
 			continue
 		}
+		userID := m.Event.UserID()
+		if userID == "" {
+			starving.add(matched[first:])
+		}
 		events = append(events, counter.Event{
 			// Every event with an identity is looked up by it, first
 			// deliveries included: a producer publishes again what the
@@ -181,7 +196,7 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 			Redelivered: d.Redelivered,
 			ProjectID:   m.ProjectID,
 			GroupHash:   m.Event.GroupHash,
-			UserID:      m.Event.UserID(),
+			UserID:      userID,
 			Time:        m.Event.Time(),
 			Rules:       matched[first:len(matched):len(matched)],
 		})
@@ -205,9 +220,10 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 	if err := e.publish(ctx, out, events, msgs, results, groups, &regs); err != nil {
 		return err
 	}
-	if err := e.startStorms(ctx, events, msgs, results); err != nil {
+	if err := e.startStorms(ctx, events, msgs, results, groups); err != nil {
 		return err
 	}
+	e.tellStarved(ctx, starving)
 	e.record(tally, events, results, &regs)
 	return nil
 }
@@ -270,10 +286,41 @@ func (e *Evaluator) publish(ctx context.Context, dead []queue.Message, evs []cou
 	}
 }
 
+// starvation counts, per rule, the batch's events it cannot count.
+type starvation map[starvedKey]int
+
+type starvedKey struct {
+	rule   *rules.Rule
+	reason string
+}
+
+// add notes the rules of an event without event.user that count users.
+func (s *starvation) add(matched []*rules.Rule) {
+	for _, r := range matched {
+		if reason := starved.Lacks(r, ""); reason != "" {
+			if *s == nil {
+				*s = make(starvation)
+			}
+			(*s)[starvedKey{r, reason}]++
+		}
+	}
+}
+
+// tellStarved tells Starved of a batch that was counted, once: a batch
+// tried again is told of when it succeeds.
+func (e *Evaluator) tellStarved(ctx context.Context, s starvation) {
+	if e.Starved == nil {
+		return
+	}
+	for k, n := range s {
+		e.Starved.Saw(ctx, k.rule.ProjectID, k.rule, k.reason, n)
+	}
+}
+
 // startStorms tells Storms of the batch's firings that want a "storm
 // over" message, replays included: a batch that failed after counting
 // comes back with its firings replayed, and Storms knows the ones it saw.
-func (e *Evaluator) startStorms(ctx context.Context, events []counter.Event, msgs []event.Message, results []counter.Result) error {
+func (e *Evaluator) startStorms(ctx context.Context, events []counter.Event, msgs []event.Message, results []counter.Result, groups map[groupKey]events.Group) error {
 	if e.Storms == nil {
 		return nil
 	}
@@ -284,7 +331,7 @@ func (e *Evaluator) startStorms(ctx context.Context, events []counter.Event, msg
 				continue
 			}
 			n := Notification(&events[i], &msgs[i], o)
-			n.Event.URL = EventURL(e.EventURL, events[i].ProjectID, events[i].GroupHash)
+			n.Event.URL = e.EventURL.URL(events[i].ProjectID, events[i].GroupHash, groups[groupKey{events[i].ProjectID, events[i].GroupHash}].ID)
 			if err := e.Storms.Start(ctx, o.Rule, o.Window, &n); err != nil {
 				return fmt.Errorf("follow the storm of firing %s: %w", o.ID, err)
 			}
@@ -514,15 +561,16 @@ func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result
 			continue
 		}
 		n := Notification(ev, m, o)
-		n.Event.URL = EventURL(e.EventURL, ev.ProjectID, ev.GroupHash)
+		g, known := groups[groupKey{ev.ProjectID, ev.GroupHash}]
+		n.Event.URL = e.EventURL.URL(ev.ProjectID, ev.GroupHash, g.ID)
 		rule := o.Rule
 		if reg, ok := regs.lookup(o.Rule); ok {
 			rule = reg.rule
 			n.Type, n.RuleID = notify.TypeRegressed, rule.ID
 			n.ResolvedAt = time.Unix(reg.resolved, 0).UTC()
 		}
-		if g, ok := groups[groupKey{ev.ProjectID, ev.GroupHash}]; ok {
-			n.History = &notify.History{TotalCount: g.TotalCount, FirstSeen: g.FirstSeen, DaysRepeated: g.DaysRepeated, TopFrame: g.TopFrame}
+		if known {
+			n.History = history(g, &n)
 		}
 		for _, c := range rule.Channels {
 			dest := destination{c.Name, c.Endpoint}
@@ -584,15 +632,45 @@ func Notification(ev *counter.Event, m *event.Message, o *counter.Outcome) notif
 	return n
 }
 
-// EventURL fills the template's {projectId} and {groupHash}; "" for an
-// empty template. The group hash comes from the event: every byte but
-// RFC 3986's unreserved ones is percent-encoded, so it stays one path
-// segment or query value, and cannot end a link in any channel's markup.
-func EventURL(template, projectID, groupHash string) string {
+// Link makes the link to an event in messages.
+type Link struct {
+	// Template has {projectId}, {groupHash} and {eventId}, the group's
+	// document's _id in Hawk's events database (KLAXON_EVENT_URL); ""
+	// for no link.
+	Template string
+	// Fallback, with {projectId} and {groupHash}, is the link when
+	// Template has {eventId} and the event's id is unknown
+	// (KLAXON_EVENT_URL_FALLBACK); "" leaves the link out then.
+	Fallback string
+}
+
+// URL fills the template, or the fallback when the template needs an
+// eventID that is "": "" when neither applies. The values come from
+// events and Hawk's database: every byte but RFC 3986's unreserved ones is
+// percent-encoded, so each stays one path segment or query value, and
+// cannot end a link in any channel's markup.
+func (l Link) URL(projectID, groupHash, eventID string) string {
+	template := l.Template
+	if eventID == "" && strings.Contains(template, "{eventId}") {
+		template = l.Fallback
+	}
 	if template == "" {
 		return ""
 	}
-	return strings.NewReplacer("{projectId}", escapeAll(projectID), "{groupHash}", escapeAll(groupHash)).Replace(template)
+	return strings.NewReplacer("{projectId}", escapeAll(projectID), "{groupHash}", escapeAll(groupHash),
+		"{eventId}", escapeAll(eventID)).Replace(template)
+}
+
+// history is the group's history as a firing's message tells it. Hawk's
+// count is read through a cache (events.Reader, 5 s), so the firing of a
+// burst may see it from before the burst; the total is never told below
+// the counts the message gives beside it: those events are the group's.
+func history(g events.Group, n *notify.Notification) *notify.History {
+	total := max(g.TotalCount, n.Count)
+	for _, w := range n.Windows {
+		total = max(total, w.Count)
+	}
+	return &notify.History{TotalCount: total, FirstSeen: g.FirstSeen, DaysRepeated: g.DaysRepeated, TopFrame: g.TopFrame}
 }
 
 func escapeAll(s string) string {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -542,7 +543,7 @@ func TestFiringsOfStormOverRulesStartStorms(t *testing.T) {
 	}})
 	pub := &fakePublisher{}
 	e, _ := newEvaluator(snap, &fakeCounter{fire: map[string]bool{"storm": true, "plain": true}}, pub)
-	e.EventURL = "https://hawk.example/{groupHash}"
+	e.EventURL = evaluator.Link{Template: "https://hawk.example/{groupHash}"}
 	st := &storms{}
 	e.Storms = st
 	b := &queue.Batch{Deliveries: []queue.Delivery{delivery(hawk(project, "t", "g", false), "")}}
@@ -579,5 +580,72 @@ func TestDebugLogTracesEveryCountedEvent(t *testing.T) {
 		if traced != (level == slog.LevelDebug) {
 			t.Errorf("at %v, traced = %t; log:\n%s", level, traced, out.String())
 		}
+	}
+}
+
+// A link by {eventId} needs the group's id from Hawk's events database;
+// without it the fallback stands in (or no link), while a template by
+// {groupHash} never needs one. What comes from events is escaped to one
+// path segment.
+func TestLinkByEventIDFallsBackWithoutOne(t *testing.T) {
+	garage := evaluator.Link{
+		Template: "https://garage.hawk.so/project/{projectId}/event/{eventId}/overview",
+		Fallback: "https://garage.hawk.so/project/{projectId}#{groupHash}",
+	}
+	byHash := evaluator.Link{Template: "https://t.example/{projectId}/{groupHash}", Fallback: "https://unused.example"}
+	for _, tt := range []struct {
+		link                    evaluator.Link
+		project, group, eventID string
+		want                    string
+	}{
+		{garage, project, "g", "65f0c0ffee0000000000beef", "https://garage.hawk.so/project/" + project + "/event/65f0c0ffee0000000000beef/overview"},
+		{garage, project, "g", "", "https://garage.hawk.so/project/" + project + "#g"},
+		{evaluator.Link{Template: garage.Template}, project, "g", "", ""},
+		{byHash, project, "a/b?c", "", "https://t.example/" + project + "/a%2Fb%3Fc"},
+		{byHash, project, "g", "65f0c0ffee0000000000beef", "https://t.example/" + project + "/g"},
+		{garage, project, "g", "x/../y", "https://garage.hawk.so/project/" + project + "/event/x%2F..%2Fy/overview"},
+		{evaluator.Link{}, project, "g", "65f0", ""},
+	} {
+		if got := tt.link.URL(tt.project, tt.group, tt.eventID); got != tt.want {
+			t.Errorf("%+v with group %q, id %q: %q, want %q", tt.link, tt.group, tt.eventID, got, tt.want)
+		}
+	}
+}
+
+// starvedSeen records what an evaluator tells its Starved.
+type starvedSeen map[string]int
+
+func (s starvedSeen) Saw(_ context.Context, project string, r *rules.Rule, reason string, n int) {
+	s[project+"/"+r.ID+"/"+reason] += n
+}
+
+// Only the users rule starves, only of events without a user, and only a
+// batch that was counted is told of: one held for a retry is told of when
+// it succeeds, so nothing is counted twice.
+func TestStarvedIsToldOfUsersRulesEventsWithoutUsers(t *testing.T) {
+	snap := compile(t, map[string][]rules.Spec{project: {
+		{ID: "users", IsEnabled: true, WhatToReceive: rules.SeenMore, CountBy: rules.CountUsers, Threshold: 5, ThresholdPeriod: 60_000, Channels: webhook()},
+		{ID: "events", IsEnabled: true, WhatToReceive: rules.SeenMore, Threshold: 5, ThresholdPeriod: 60_000, Channels: webhook()},
+	}})
+	c := &fakeCounter{err: errors.New("redis down")}
+	e, _ := newEvaluator(snap, c, &fakePublisher{})
+	seen := starvedSeen{}
+	e.Starved = seen
+	withUser := fmt.Sprintf(`{"projectId":%q,"event":{"title":"t","groupHash":"g","isNew":false,"repetitionId":null,"user":{"id":"alice"}}}`, project)
+	b := &queue.Batch{Deliveries: []queue.Delivery{
+		delivery(hawk(project, "t", "g", false), ""), delivery(hawk(project, "t", "g", false), ""), delivery(withUser, ""),
+	}}
+	if err := e.Handle(context.Background(), b); err == nil {
+		t.Fatal("Handle succeeded with the counter down")
+	}
+	if len(seen) != 0 {
+		t.Fatalf("a batch held for a retry told of %v", seen)
+	}
+	c.err = nil
+	if err := e.Handle(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	if want := (starvedSeen{project + "/users/no_user": 2}); !maps.Equal(seen, want) {
+		t.Errorf("told of %v, want %v", seen, want)
 	}
 }

@@ -23,6 +23,10 @@ import (
 
 // Group is what Hawk's events database says about one event group.
 type Group struct {
+	// ID is the group document's _id (an ObjectId's hex digits, as
+	// hawk.api loads an event and Hawk's pages link to it); "" when it is
+	// of no type a link could carry.
+	ID string
 	// TotalCount is Hawk's count of the group's events (totalCount).
 	TotalCount int64
 	// FirstSeen is when Hawk first saw the group (timestamp); zero when
@@ -144,8 +148,9 @@ func (r *Reader) store(k key, e entry, now time.Time) {
 
 // groupDoc is the part of Hawk's group document (events:<projectId>) read.
 type groupDoc struct {
-	TotalCount int64   `bson:"totalCount"`
-	Timestamp  float64 `bson:"timestamp"`
+	ID         bson.RawValue `bson:"_id"`
+	TotalCount int64         `bson:"totalCount"`
+	Timestamp  float64       `bson:"timestamp"`
 	Payload    struct {
 		Timestamp float64 `bson:"timestamp"`
 		Backtrace []struct {
@@ -181,6 +186,7 @@ func (r *Reader) read(ctx context.Context, projectID, groupHash string) (Group, 
 		return Group{}, fmt.Errorf("count days of group %s of project %s: %w", groupHash, projectID, err)
 	}
 	g := Group{
+		ID:           docID(d.ID),
 		TotalCount:   d.TotalCount,
 		DaysRepeated: days,
 		Resolved:     mark(d.Marks.Resolved),
@@ -202,6 +208,18 @@ func (r *Reader) read(ctx context.Context, projectID, groupHash string) (Group, 
 		}
 	}
 	return g, nil
+}
+
+// docID reads a document's _id: Hawk's are ObjectIds; a string that some
+// other writer used is taken as it is.
+func docID(v bson.RawValue) string {
+	switch v.Type {
+	case bson.TypeObjectID:
+		return v.ObjectID().Hex()
+	case bson.TypeString:
+		return v.StringValue()
+	}
+	return ""
 }
 
 // mark reads a mark as hawk.api's toggleEventMark sets it, Unix seconds

@@ -45,9 +45,9 @@ func NewHawkDB(t *testing.T) *HawkDB {
 // Group inserts a group document as Hawk's grouper writes it, with its
 // marks as hawk.api's toggleEventMark sets them (Unix seconds), and one
 // dailyEvents document per day it happened.
-func (h *HawkDB) Group(t *testing.T, groupHash string, total int32, firstSeen int32, days int, marks bson.M) {
+func (h *HawkDB) Group(t *testing.T, groupHash string, total int32, firstSeen int32, days int, marks bson.M) string {
 	t.Helper()
-	testenv.HawkGroup(t, h.DB, project, groupHash, total, firstSeen, days, marks)
+	return testenv.HawkGroup(t, h.DB, project, groupHash, total, firstSeen, days, marks)
 }
 
 // Mark sets or clears a mark as hawk.api's toggleEventMark does.
@@ -58,7 +58,7 @@ func (h *HawkDB) Mark(t *testing.T, groupHash, mark string, at int32) {
 
 func TestGroupReadsHawksDocuments(t *testing.T) {
 	h := NewHawkDB(t)
-	h.Group(t, "g1", 1234, 1700000000, 3, bson.M{"resolved": int32(1700500000)})
+	id := h.Group(t, "g1", 1234, 1700000000, 3, bson.M{"resolved": int32(1700500000)})
 	h.Group(t, "g2", 5, 1700000000, 1, bson.M{"ignored": int32(1700500000), "starred": int32(1700500001)})
 	r, err := events.NewReader(h.URL, h.Name, events.Options{})
 	if err != nil {
@@ -70,7 +70,7 @@ func TestGroupReadsHawksDocuments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := events.Group{TotalCount: 1234, FirstSeen: time.Unix(1700000000, 0).UTC(), DaysRepeated: 3,
+	want := events.Group{ID: id, TotalCount: 1234, FirstSeen: time.Unix(1700000000, 0).UTC(), DaysRepeated: 3,
 		TopFrame: "app/cart.js:42", Resolved: 1700500000}
 	if g != want {
 		t.Errorf("g1 = %+v\nwant %+v", g, want)
@@ -80,6 +80,37 @@ func TestGroupReadsHawksDocuments(t *testing.T) {
 	}
 	if _, err := r.Group(context.Background(), project, "unknown"); !errors.Is(err, events.ErrNotFound) {
 		t.Errorf("unknown group: err = %v, want ErrNotFound", err)
+	}
+}
+
+// A link to an event names it by the group document's _id: Hawk's are
+// ObjectIds, read as their hex digits; another writer's string is taken as
+// it is, and an _id of no type a link could carry is no id.
+func TestGroupIDIsTheDocumentsID(t *testing.T) {
+	h := NewHawkDB(t)
+	c := h.DB.Collection("events:" + project)
+	for _, doc := range []bson.M{
+		{"_id": "evt-1", "groupHash": "by-string", "totalCount": int32(1)},
+		{"_id": bson.M{"a": 1}, "groupHash": "by-document", "totalCount": int32(1)},
+	} {
+		if _, err := c.InsertOne(context.Background(), doc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	oid := h.Group(t, "by-objectid", 1, 1700000000, 1, nil)
+	r, err := events.NewReader(h.URL, h.Name, events.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close(context.Background()) })
+	for group, want := range map[string]string{"by-objectid": oid, "by-string": "evt-1", "by-document": ""} {
+		g, err := r.Group(context.Background(), project, group)
+		if err != nil || g.ID != want {
+			t.Errorf("%s: ID %q, %v; want %q", group, g.ID, err, want)
+		}
+	}
+	if len(oid) != 24 {
+		t.Errorf("ObjectId %q: want 24 hex digits", oid)
 	}
 }
 

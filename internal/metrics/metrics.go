@@ -13,6 +13,10 @@ type Metrics struct {
 	Events *prometheus.CounterVec
 	// RulesEvaluated counts (event, rule) pairs sent to the counter.
 	RulesEvaluated prometheus.Counter
+	// RulesStarved counts (event, rule) pairs the rule could not count
+	// for a field the event lacks, by reason: no_user (a countBy users
+	// rule, an event without event.user).
+	RulesStarved *prometheus.CounterVec
 	// Firings by type (new, threshold).
 	Firings *prometheus.CounterVec
 	// Notifications by channel and outcome: sent, digested, retried,
@@ -89,6 +93,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		RulesEvaluated: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "klaxon_rules_evaluated_total", Help: "Event and rule pairs counted.",
 		}),
+		RulesStarved: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "klaxon_rules_starved_total", Help: "Event and rule pairs the rule could not count for a field the event lacks, by reason.",
+		}, []string{"reason"}),
 		Firings: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "klaxon_firings_total", Help: "Rule firings by type.",
 		}, []string{"type"}),
@@ -148,7 +155,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "klaxon_dependency_up", Help: "1 while a dependency answers.",
 		}, []string{"dependency"}),
 	}
-	reg.MustRegister(m.Events, m.RulesEvaluated, m.Firings, m.Notifications, m.EndpointsUnopened, m.HawkTasks, m.CircuitChanges, m.CircuitsOpen, m.DeliveryLatency,
+	reg.MustRegister(m.Events, m.RulesEvaluated, m.RulesStarved, m.Firings, m.Notifications, m.EndpointsUnopened, m.HawkTasks, m.CircuitChanges, m.CircuitsOpen, m.DeliveryLatency,
 		m.EventLag, m.QueueDepth, m.Consuming, m.Batches, m.BatchHeld, m.Storms, m.HeldBytes, m.ConsumerPauses, m.RuleLoads, m.RuleWarnings, m.Up)
 	return m
 }

@@ -13,12 +13,14 @@ import (
 // occurrence's time, totalCount, a payload with a backtrace whose top
 // frame is app/cart.js:42), with marks as hawk.api's toggleEventMark sets
 // them (Unix seconds; nil for none), and one dailyEvents document per day
-// it happened from firstSeen on.
-func HawkGroup(t testing.TB, db *mongo.Database, project, groupHash string, total, firstSeen int32, days int, marks bson.M) {
+// it happened from firstSeen on. It returns the document's _id (an
+// ObjectId, as the grouper's insert makes it), in hex.
+func HawkGroup(t testing.TB, db *mongo.Database, project, groupHash string, total, firstSeen int32, days int, marks bson.M) string {
 	t.Helper()
 	ctx := context.Background()
+	id := bson.NewObjectID()
 	doc := bson.M{
-		"groupHash": groupHash, "totalCount": total, "catcherType": "errors/javascript",
+		"_id": id, "groupHash": groupHash, "totalCount": total, "catcherType": "errors/javascript",
 		"usersAffected": int32(1), "visitedBy": bson.A{}, "timestamp": firstSeen,
 		"payload": bson.M{
 			"title": "TypeError: x is undefined", "timestamp": firstSeen,
@@ -44,6 +46,7 @@ func HawkGroup(t testing.TB, db *mongo.Database, project, groupHash string, tota
 			t.Fatal(err)
 		}
 	}
+	return id.Hex()
 }
 
 // HawkMark sets a group's mark to at (Unix seconds), or clears it when at
