@@ -59,6 +59,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/store"
 	"github.com/klaxonhq/klaxon/internal/storm"
 	"github.com/klaxonhq/klaxon/internal/version"
+	"github.com/klaxonhq/klaxon/internal/watchdog"
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
@@ -393,13 +394,30 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		log.Info("klaxon running", "role", cfg.Role, "queues", consumedQueues(cfg), "http", ln.Addr().String(), "channels", channelNames(chans))
 		return runAll(ctx, work)
 	}
-	return runAll(ctx, []func(context.Context) error{
+	watched := append(consumedQueues(cfg), wire.DeliveryQueue(cfg.Prefix), wire.BulkQueue(cfg.Prefix))
+	tasks := []func(context.Context) error{
 		func(ctx context.Context) error { return serve(ctx, srv, ln, log) },
 		func(ctx context.Context) error { return watch(ctx, checks, m, log) },
-		func(ctx context.Context) error {
-			return depths(ctx, pub, append(consumedQueues(cfg), wire.DeliveryQueue(cfg.Prefix), wire.BulkQueue(cfg.Prefix)), m)
-		},
+		func(ctx context.Context) error { return depths(ctx, pub, watched, m) },
 		start,
+	}
+	if cfg.OperatorWebhook != "" {
+		// Beside start, not in it: the watchdog must look while the
+		// worker waits for a dependency, and send on a path of its own.
+		tasks = append(tasks, operatorWatchdog(cfg, pub, rdb, watched, m, log).Run)
+	}
+	return runAll(ctx, tasks)
+}
+
+// operatorWatchdog alerts KLAXON_OPERATOR_WEBHOOK when the queues stall,
+// events are counted late or a channel keeps failing (internal/watchdog).
+func operatorWatchdog(cfg config.Config, pub *queue.Publisher, rdb redis.UniversalClient, queues []string, m *metrics.Metrics, log *slog.Logger) *watchdog.Watchdog {
+	host, _ := os.Hostname()
+	return watchdog.New(watchdog.Config{
+		Limit: cfg.OperatorDelay, Queues: queues, Depth: pub.Depth, Metrics: m,
+		Redis: rdb, Prefix: cfg.Prefix, Worker: host,
+		Notifier: &watchdog.Webhook{URL: cfg.OperatorWebhook, Client: &http.Client{Timeout: cfg.SendTimeout}},
+		Log:      log.With("stage", "watchdog"),
 	})
 }
 

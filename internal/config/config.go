@@ -98,6 +98,9 @@ const (
 	EnvCircuitOpen        = "KLAXON_CIRCUIT_OPEN"
 	// Endpoints sealed wherever they leave the process (internal/seal).
 	EnvEndpointKey = "KLAXON_ENDPOINT_KEY"
+	// The operator channel: alerts about Klaxon itself (internal/watchdog).
+	EnvOperatorWebhook = "KLAXON_OPERATOR_WEBHOOK"
+	EnvOperatorDelay   = "KLAXON_OPERATOR_DELAY"
 )
 
 // Hawk's names for the same settings, and the defaults.
@@ -156,6 +159,8 @@ const (
 
 	defaultCircuitTrips = 5
 	defaultCircuitOpen  = 30 * time.Second
+
+	defaultOperatorDelay = 2 * time.Minute
 )
 
 // Variable describes one environment variable Load reads.
@@ -228,6 +233,8 @@ func Variables() []Variable {
 		{EnvCircuitTimeouts, "", strconv.Itoa(defaultCircuitTrips), false, "consecutive timeouts that open a destination's circuit (1-1000)"},
 		{EnvCircuitOpen, "", formatDuration(defaultCircuitOpen), false, "how long an open circuit keeps a destination's jobs waiting before one send probes it"},
 		{EnvEndpointKey, "", "", true, "comma-separated base64 keys of 32 bytes: endpoints are sealed (AES-GCM) with the first in queues and Redis, opened with any; unset = in clear"},
+		{EnvOperatorWebhook, "", "", true, "http(s) URL that receives Klaxon's alerts about itself (notifications delayed, a channel failing) as JSON, sent directly by each worker; unset = none"},
+		{EnvOperatorDelay, "", formatDuration(defaultOperatorDelay), false, "how long notifications may be held up (messages waiting untaken, events counted late) or a channel fail before KLAXON_OPERATOR_WEBHOOK is alerted"},
 	}
 }
 
@@ -314,6 +321,11 @@ type Config struct {
 	// EndpointKey is KLAXON_ENDPOINT_KEY as given (a string keeps Config
 	// comparable; Load checked it); use EndpointKeys.
 	EndpointKey string
+	// OperatorWebhook receives alerts about Klaxon itself
+	// (KLAXON_OPERATOR_WEBHOOK), "" for none; OperatorDelay is how long a
+	// delay or a failing channel lasts before it does (KLAXON_OPERATOR_DELAY).
+	OperatorWebhook string
+	OperatorDelay   time.Duration
 }
 
 // EndpointKeys are the keys endpoints are sealed and opened with; nil when
@@ -531,6 +543,16 @@ func Load(getenv func(string) string) (Config, error) {
 	c.CircuitTimeouts = l.count(EnvCircuitTimeouts, defaultCircuitTrips, 1, 1000)
 	c.CircuitOpen = l.duration(EnvCircuitOpen, defaultCircuitOpen)
 	c.EndpointKey = l.endpointKey()
+	if s := l.lookup(EnvOperatorWebhook, "", false); s.set() {
+		// The URL may hold a token: the error says what is wrong, not the value.
+		if u, err := url.Parse(s.value); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			l.fail(s, "is not an absolute http(s) URL")
+		} else if u.User != nil {
+			l.fail(s, "holds a user name or password (user:pass@), which is not sent; put a token in the path or query instead")
+		}
+		c.OperatorWebhook = s.value
+	}
+	c.OperatorDelay = l.duration(EnvOperatorDelay, defaultOperatorDelay)
 	c.Limits = rules.Limits{
 		RulesPerProject:   l.count(EnvMaxRules, rules.DefaultRulesPerProject, 1, 1_000_000),
 		WindowsPerRule:    l.count(EnvMaxWindows, rules.MaxWindowsPerRule, 1, rules.MaxWindowsPerRule),
