@@ -54,6 +54,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/notify/channels"
+	"github.com/klaxonhq/klaxon/internal/notify/email"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/store"
@@ -401,24 +402,41 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		func(ctx context.Context) error { return depths(ctx, pub, watched, m) },
 		start,
 	}
-	if cfg.OperatorWebhook != "" {
+	if cfg.OperatorAlerts() {
 		// Beside start, not in it: the watchdog must look while the
 		// worker waits for a dependency, and send on a path of its own.
-		tasks = append(tasks, operatorWatchdog(cfg, pub, rdb, watched, m, log).Run)
+		dog, err := operatorWatchdog(cfg, pub, rdb, watched, m, log)
+		if err != nil {
+			return err
+		}
+		tasks = append(tasks, dog.Run)
 	}
 	return runAll(ctx, tasks)
 }
 
 // operatorWatchdog alerts KLAXON_OPERATOR_WEBHOOK when the queues stall,
 // events are counted late or a channel keeps failing (internal/watchdog).
-func operatorWatchdog(cfg config.Config, pub *queue.Publisher, rdb redis.UniversalClient, queues []string, m *metrics.Metrics, log *slog.Logger) *watchdog.Watchdog {
+// The email goes through a mailer of its own, outside the email channel's
+// budgets and circuit, which may be what is failing.
+func operatorWatchdog(cfg config.Config, pub *queue.Publisher, rdb redis.UniversalClient, queues []string, m *metrics.Metrics, log *slog.Logger) (*watchdog.Watchdog, error) {
+	var to watchdog.Each
+	if cfg.OperatorWebhook != "" {
+		to = append(to, &watchdog.Webhook{URL: cfg.OperatorWebhook, Client: &http.Client{Timeout: cfg.SendTimeout}})
+	}
+	if cfg.OperatorEmail != "" {
+		mailer, err := email.New(email.Config{Addr: cfg.SMTPAddr, Username: cfg.SMTPUsername, Password: cfg.SMTPPassword,
+			From: cfg.SMTPFrom, TLS: cfg.SMTPTLS, Timeout: cfg.SendTimeout})
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", config.EnvOperatorEmail, err)
+		}
+		to = append(to, &watchdog.Email{To: cfg.OperatorEmail, Mailer: mailer})
+	}
 	host, _ := os.Hostname()
 	return watchdog.New(watchdog.Config{
 		Limit: cfg.OperatorDelay, Queues: queues, Depth: pub.Depth, Metrics: m,
-		Redis: rdb, Prefix: cfg.Prefix, Worker: host,
-		Notifier: &watchdog.Webhook{URL: cfg.OperatorWebhook, Client: &http.Client{Timeout: cfg.SendTimeout}},
-		Log:      log.With("stage", "watchdog"),
-	})
+		Redis: rdb, Prefix: cfg.Prefix, Worker: host, Notifier: to,
+		Log: log.With("stage", "watchdog"),
+	}), nil
 }
 
 // redisReady checks that Redis answers and, when writes wait for replicas

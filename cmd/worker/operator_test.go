@@ -1,6 +1,8 @@
 package main
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,6 +23,7 @@ func TestOperatorAlertedWhenDeliveriesStall(t *testing.T) {
 	h := newHarness(t)
 	operator := notifytest.NewWebhookSink(t)
 	h.env["KLAXON_OPERATOR_WEBHOOK"] = operator.URL
+	h.env["KLAXON_OPERATOR_EMAIL"] = "oncall@example.com"
 	h.env["KLAXON_OPERATOR_DELAY"] = limit.String()
 	h.env["KLAXON_ROLE"] = "evaluator"
 	project := h.project(rule(bson.M{"whatToReceive": "ONLY_NEW", "channels": h.webhookOnly()}))
@@ -66,6 +69,19 @@ func TestOperatorAlertedWhenDeliveriesStall(t *testing.T) {
 	}
 	if n := len(operator.Requests()); n != 2 {
 		t.Fatalf("%d operator messages, want delayed and recovered", n)
+	}
+	// The same two by email, through the SMTP server.
+	mails, err := h.smtp.WaitFor(2, 10*time.Second)
+	if err != nil {
+		t.Fatalf("operator email: %v", err)
+	}
+	for i, subject := range []string{"Subject: [Klaxon] Klaxon's notifications are delayed", "Subject: [Klaxon] Klaxon's notifications flow again"} {
+		if !strings.Contains(string(mails[i].Data), subject) || fmt.Sprint(mails[i].To) != "[oncall@example.com]" {
+			t.Errorf("mail %d to %v lacks %q:\n%s", i, mails[i].To, subject, mails[i].Data)
+		}
+	}
+	if n := len(h.smtp.Messages()); n != 2 {
+		t.Fatalf("%d operator mails, want 2", n)
 	}
 	waitFor(t, 10*time.Second, "the alerts in the log and metric", func() bool {
 		return len(h.logs.logLines("operator alerted: Klaxon's notifications are delayed")) == 1 &&

@@ -30,6 +30,7 @@ package watchdog
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -354,6 +355,11 @@ func (w *Watchdog) send(ctx context.Context, a Alert) error {
 	defer cancel()
 	err := w.cfg.Notifier.Notify(ctx, a)
 	log := w.cfg.Log.With("incident", a.Incident, "state", a.State, "reasons", a.Reasons)
+	if partial := (*PartialError)(nil); errors.As(err, &partial) {
+		w.cfg.Metrics.OperatorAlerts.WithLabelValues(stateError).Inc()
+		log.Warn("operator alert not sent everywhere", "error", partial.Err)
+		err = nil
+	}
 	if err != nil {
 		w.cfg.Metrics.OperatorAlerts.WithLabelValues(stateError).Inc()
 		log.Error("operator alert not sent", "error", err)

@@ -31,7 +31,7 @@ type fleet struct {
 	metrics []*metrics.Metrics
 }
 
-func newFleet(t *testing.T, workers int) *fleet {
+func newFleet(t *testing.T, workers int, more ...watchdog.Notifier) *fleet {
 	f := &fleet{t: t, sink: notifytest.NewWebhookSink(t), now: time.Date(2024, 6, 1, 12, 0, 0, 0, time.UTC)}
 	rdb := testenv.Redis(t)
 	prefix := testenv.KeyPrefix(t)
@@ -46,7 +46,7 @@ func newFleet(t *testing.T, workers int) *fleet {
 				return f.depth, nil
 			},
 			Metrics: m, Redis: rdb, Prefix: prefix, Worker: string(rune('a' + i)),
-			Notifier: &watchdog.Webhook{URL: f.sink.URL},
+			Notifier: append(watchdog.Each{&watchdog.Webhook{URL: f.sink.URL}}, more...),
 			Log:      slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Now: func() time.Time {
 				f.mu.Lock()
@@ -208,4 +208,25 @@ func value(c prometheus.Counter) float64 {
 		return -1
 	}
 	return m.GetCounter().GetValue()
+}
+
+// TestAlertSentSomewhereIsNotRepeated: with a webhook and a second
+// destination, one that fails does not make the other repeat the alert;
+// the failure is counted.
+func TestAlertSentSomewhereIsNotRepeated(t *testing.T) {
+	other := notifytest.NewWebhookSink(t)
+	f := newFleet(t, 1, &watchdog.Webhook{URL: other.URL})
+	other.FailNext(1, notifytest.Failure{Status: 500})
+	f.step(0, 1)
+	f.step(limit, 1)
+	f.step(time.Second, 1)
+	if got := f.states(); !equal(got, []string{"delayed delayed"}) {
+		t.Fatalf("alerts %v, want one", got)
+	}
+	if n := len(other.Requests()); n != 1 {
+		t.Fatalf("the failing destination got %d requests, want 1 (no retry)", n)
+	}
+	if v := value(f.metrics[0].OperatorAlerts.WithLabelValues("error")); v != 1 {
+		t.Fatalf("%v errors counted, want 1", v)
+	}
 }

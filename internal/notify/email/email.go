@@ -176,6 +176,30 @@ func (n *Notifier) Notify(ctx context.Context, endpoint string, m *notify.Messag
 	return retry, notify.RedactError(err, addressSecrets(to)...)
 }
 
+// SendText emails a plain-text message to the comma-separated addresses
+// of to, as blind recipients like Notify's: for Klaxon's messages about
+// itself (the operator channel), which are no rule's notification.
+func (n *Notifier) SendText(ctx context.Context, to, subject, body string) error {
+	list, err := parseRecipients(to)
+	if err != nil {
+		return err
+	}
+	gm := gomail.NewMessage()
+	gm.SetHeader("From", n.from.String())
+	gm.SetHeader("To", undisclosed)
+	gm.SetHeader("Subject", "[Klaxon] "+notify.OneLine(subject))
+	gm.SetHeader("Auto-Submitted", "auto-generated")
+	gm.SetBody("text/plain", body+"\n")
+	rcpts := make([]string, len(list))
+	for i, a := range list {
+		rcpts[i] = smtpPath(a)
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.timeout)
+	defer cancel()
+	_, err = n.send(ctx, rcpts, gm)
+	return notify.RedactError(err, addressSecrets(list)...)
+}
+
 // undisclosed is the To header of every mail: RFC 5322's empty group, the
 // usual form for a mail whose recipients are all blind.
 const undisclosed = "undisclosed-recipients:;"
