@@ -166,6 +166,12 @@ func (n *Notifier) Notify(ctx context.Context, endpoint string, m *notify.Messag
 	if err != nil {
 		return false, err
 	}
+	return n.sendTo(ctx, to, msg)
+}
+
+// sendTo sends msg to the addresses to within the channel's timeout; its
+// error names none of them.
+func (n *Notifier) sendTo(ctx context.Context, to []*mail.Address, msg *gomail.Message) (retry bool, err error) {
 	rcpts := make([]string, len(to))
 	for i, a := range to {
 		rcpts[i] = smtpPath(a)
@@ -190,14 +196,8 @@ func (n *Notifier) SendText(ctx context.Context, to, subject, body string) error
 	gm.SetHeader("Subject", "[Klaxon] "+notify.OneLine(subject))
 	gm.SetHeader("Auto-Submitted", "auto-generated")
 	gm.SetBody("text/plain", body+"\n")
-	rcpts := make([]string, len(list))
-	for i, a := range list {
-		rcpts[i] = smtpPath(a)
-	}
-	ctx, cancel := context.WithTimeout(ctx, n.timeout)
-	defer cancel()
-	_, err = n.send(ctx, rcpts, gm)
-	return notify.RedactError(err, addressSecrets(list)...)
+	_, err = n.sendTo(ctx, list, gm)
+	return err
 }
 
 // undisclosed is the To header of every mail: RFC 5322's empty group, the
