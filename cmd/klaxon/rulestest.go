@@ -188,6 +188,9 @@ func (a *app) rulesTest(ctx context.Context, args []string) int {
 	for _, file := range files {
 		results, err := runTestFile(ctx, file, func(ctx context.Context, rulesFile string) (*store.Snapshot, error) {
 			snap, _, err := readRules(ctx, cfg, rulesFile)
+			if err == nil && snap.Skipped() > 0 {
+				fmt.Fprintf(a.stderr, "klaxon rules test: %s: %s skipped as the worker would skip them; see klaxon rules check\n", rulesFile, plural(snap.Skipped(), "rule"))
+			}
 			return snap, err
 		})
 		if err != nil {
