@@ -157,3 +157,37 @@ func wantLines(t *testing.T, out string, wants ...string) {
 		}
 	}
 }
+
+// TestRulesTestUsersAndNewGroups: events carry users for countBy: users
+// and isNew for ONLY_NEW, as the queue's messages do.
+func TestRulesTestUsersAndNewGroups(t *testing.T) {
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "rules.yml"), projectA+`:
+  - id: three-users
+    isEnabled: true
+    whatToReceive: SEEN_MORE
+    countBy: users
+    threshold: 3
+    thresholdPeriod: 60000
+    channels: {webhook: {isEnabled: true, endpoint: "https://example.com/hook", minPeriod: 0}}
+  - id: new
+    isEnabled: true
+    whatToReceive: ONLY_NEW
+    channels: {webhook: {isEnabled: true, endpoint: "https://example.com/hook", minPeriod: 0}}
+`)
+	write(t, filepath.Join(dir, "rules.test.yml"), `project: `+projectA+`
+cases:
+  - name: one user many times, then two more
+    events:
+      - {at: 0s, title: t, group: a, isNew: true, user: u1}
+      - {at: 1s, title: t, group: a, user: u1, repeat: 10, every: 1s}
+      - {at: 20s, title: t, group: a, user: u2}
+      - {at: 30s, title: t, group: a, user: u3}
+    expect:
+      - {rule: new, group: a, at: 0s}
+      - {rule: three-users, group: a, at: 30s}
+`)
+	if r := klaxon(t, nil, "rules", "test", dir); r.code != exitOK {
+		t.Fatalf("exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
