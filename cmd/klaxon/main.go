@@ -4,6 +4,7 @@
 // (KLAXON_RULES_FILE or MongoDB) as the worker.
 //
 //	klaxon rules check [FILE]                    validate rules, as the worker loads them
+//	klaxon rules test [FILE|DIR...]              test cases: events in, messages expected
 //	klaxon backtest --events FILE [--rules FILE] what the rules would have fired
 //	klaxon test-send --project P --rule R        a marked test message through each channel
 //	klaxon explain --project P --rule R --group G why a rule fires or not, and its state in Redis
@@ -70,6 +71,9 @@ Usage:
   klaxon rules check [FILE] [--strict] [--json]
         validate a rules file (or KLAXON_RULES_FILE, or the rules in MongoDB)
         with the worker's own loader; exit 1 on errors
+  klaxon rules test [FILE|DIR...] [--json]
+        run test cases (NAME.test.yml: events and the messages expected)
+        against the rules, with backtest's engine; exit 1 when one fails
   klaxon backtest --events FILE [--rules FILE] [--json]
         replay events (NDJSON of queue messages with event.timestamp) through
         the rules, without Redis or the network, and print what would fire
@@ -112,11 +116,14 @@ func (a *app) run(ctx context.Context, args []string) int {
 		if len(args) > 1 && args[1] == "check" {
 			return a.rulesCheck(ctx, args[2:])
 		}
+		if len(args) > 1 && args[1] == "test" {
+			return a.rulesTest(ctx, args[2:])
+		}
 		if len(args) > 1 && isHelp(args[1]) {
 			fmt.Fprint(a.stdout, rulesCheckUsage)
 			return exitOK
 		}
-		fmt.Fprint(a.stderr, "klaxon rules: want a subcommand: check; run 'klaxon rules check --help'\n")
+		fmt.Fprint(a.stderr, "klaxon rules: want a subcommand: check or test; run 'klaxon rules check --help' or 'klaxon rules test --help'\n")
 		return exitUsage
 	case "backtest":
 		return a.backtest(ctx, args[1:])

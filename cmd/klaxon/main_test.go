@@ -39,7 +39,7 @@ func writeTemp(t *testing.T, name, content string) string {
 // usage error (2), never taken for a finding (1).
 func TestHelpOnEveryCommand(t *testing.T) {
 	for _, args := range [][]string{
-		{"--help"}, {"help"}, {"rules", "--help"}, {"rules", "check", "--help"}, {"rules", "check", "-h"},
+		{"--help"}, {"help"}, {"rules", "--help"}, {"rules", "check", "--help"}, {"rules", "check", "-h"}, {"rules", "test", "--help"},
 		{"backtest", "--help"}, {"test-send", "--help"}, {"explain", "--help"}, {"snooze", "--help"}, {"snooze", "list", "--help"}, {"snooze", "remove", "--help"},
 		{"failed", "--help"}, {"failed", "list", "--help"}, {"failed", "replay", "--help"},
 	} {

@@ -56,12 +56,14 @@ import (
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/notify/channels"
+	"github.com/klaxonhq/klaxon/internal/notify/email"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/starved"
 	"github.com/klaxonhq/klaxon/internal/store"
 	"github.com/klaxonhq/klaxon/internal/storm"
 	"github.com/klaxonhq/klaxon/internal/version"
+	"github.com/klaxonhq/klaxon/internal/watchdog"
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
@@ -427,14 +429,48 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		log.Info("klaxon running", "role", cfg.Role, "queues", consumedQueues(cfg), "http", ln.Addr().String(), "channels", channelNames(chans))
 		return runAll(ctx, work)
 	}
-	return runAll(ctx, []func(context.Context) error{
+	watched := append(consumedQueues(cfg), wire.DeliveryQueue(cfg.Prefix), wire.BulkQueue(cfg.Prefix))
+	tasks := []func(context.Context) error{
 		func(ctx context.Context) error { return serve(ctx, srv, ln, log) },
 		func(ctx context.Context) error { return watch(ctx, checks, m, log) },
-		func(ctx context.Context) error {
-			return depths(ctx, pub, append(consumedQueues(cfg), wire.DeliveryQueue(cfg.Prefix), wire.BulkQueue(cfg.Prefix)), m)
-		},
+		func(ctx context.Context) error { return depths(ctx, pub, watched, m) },
 		start,
-	})
+	}
+	if cfg.OperatorAlerts() {
+		// Beside start, not in it: the watchdog must look while the
+		// worker waits for a dependency, and send on a path of its own.
+		dog, err := operatorWatchdog(cfg, pub, rdb, watched, m, log)
+		if err != nil {
+			return err
+		}
+		tasks = append(tasks, dog.Run)
+	}
+	return runAll(ctx, tasks)
+}
+
+// operatorWatchdog alerts KLAXON_OPERATOR_WEBHOOK when the queues stall,
+// events are counted late or a channel keeps failing (internal/watchdog).
+// The email goes through a mailer of its own, outside the email channel's
+// budgets and circuit, which may be what is failing.
+func operatorWatchdog(cfg config.Config, pub *queue.Publisher, rdb redis.UniversalClient, queues []string, m *metrics.Metrics, log *slog.Logger) (*watchdog.Watchdog, error) {
+	var to watchdog.Each
+	if cfg.OperatorWebhook != "" {
+		to = append(to, &watchdog.Webhook{URL: cfg.OperatorWebhook, Client: &http.Client{Timeout: cfg.SendTimeout}})
+	}
+	if cfg.OperatorEmail != "" {
+		mailer, err := email.New(email.Config{Addr: cfg.SMTPAddr, Username: cfg.SMTPUsername, Password: cfg.SMTPPassword,
+			From: cfg.SMTPFrom, TLS: cfg.SMTPTLS, Timeout: cfg.SendTimeout})
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", config.EnvOperatorEmail, err)
+		}
+		to = append(to, &watchdog.Email{To: cfg.OperatorEmail, Mailer: mailer})
+	}
+	host, _ := os.Hostname()
+	return watchdog.New(watchdog.Config{
+		Limit: cfg.OperatorDelay, Queues: queues, Depth: pub.Depth, Metrics: m,
+		Redis: rdb, Prefix: cfg.Prefix, Worker: host, Notifier: to,
+		Log: log.With("stage", "watchdog"),
+	}), nil
 }
 
 // hawkSendersNotice says once, at start, where firings go with

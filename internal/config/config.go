@@ -103,6 +103,10 @@ const (
 	EnvCircuitOpen        = "KLAXON_CIRCUIT_OPEN"
 	// Endpoints sealed wherever they leave the process (internal/seal).
 	EnvEndpointKey = "KLAXON_ENDPOINT_KEY"
+	// The operator channel: alerts about Klaxon itself (internal/watchdog).
+	EnvOperatorWebhook = "KLAXON_OPERATOR_WEBHOOK"
+	EnvOperatorEmail   = "KLAXON_OPERATOR_EMAIL"
+	EnvOperatorDelay   = "KLAXON_OPERATOR_DELAY"
 )
 
 // Hawk's names for the same settings, and the defaults.
@@ -171,6 +175,7 @@ const (
 	defaultOutput = string(OutputSend)
 	// Hawk's sender workers consume sender/email, sender/telegram, …
 	defaultHawkSenderQueues = "sender/"
+	defaultOperatorDelay    = 2 * time.Minute
 )
 
 // Variable describes one environment variable Load reads.
@@ -247,6 +252,9 @@ func Variables() []Variable {
 		{EnvCircuitTimeouts, "", strconv.Itoa(defaultCircuitTrips), false, "consecutive timeouts that open a destination's circuit (1-1000)"},
 		{EnvCircuitOpen, "", formatDuration(defaultCircuitOpen), false, "how long an open circuit keeps a destination's jobs waiting before one send probes it"},
 		{EnvEndpointKey, "", "", true, "comma-separated base64 keys of 32 bytes: endpoints are sealed (AES-GCM) with the first in queues and Redis, opened with any; unset = in clear"},
+		{EnvOperatorWebhook, "", "", true, "http(s) URL that receives Klaxon's alerts about itself (notifications delayed, a channel failing) as JSON, sent directly by each worker; unset = none"},
+		{EnvOperatorEmail, "", "", false, "comma-separated addresses that receive the same alerts by email through KLAXON_SMTP_ADDR; unset = none"},
+		{EnvOperatorDelay, "", formatDuration(defaultOperatorDelay), false, "how long notifications may be held up (messages waiting untaken, events counted late) or a channel fail before KLAXON_OPERATOR_WEBHOOK is alerted"},
 	}
 }
 
@@ -343,7 +351,16 @@ type Config struct {
 	// EndpointKey is KLAXON_ENDPOINT_KEY as given (a string keeps Config
 	// comparable; Load checked it); use EndpointKeys.
 	EndpointKey string
+	// OperatorWebhook receives alerts about Klaxon itself
+	// (KLAXON_OPERATOR_WEBHOOK), "" for none; OperatorDelay is how long a
+	// delay or a failing channel lasts before it does (KLAXON_OPERATOR_DELAY).
+	OperatorWebhook string
+	OperatorEmail   string // KLAXON_OPERATOR_EMAIL, addresses; "" for none
+	OperatorDelay   time.Duration
 }
+
+// OperatorAlerts reports whether an operator channel is configured.
+func (c Config) OperatorAlerts() bool { return c.OperatorWebhook != "" || c.OperatorEmail != "" }
 
 // EndpointKeys are the keys endpoints are sealed and opened with; nil when
 // KLAXON_ENDPOINT_KEY is unset, and endpoints travel in clear.
@@ -585,6 +602,28 @@ func Load(getenv func(string) string) (Config, error) {
 	c.CircuitTimeouts = l.count(EnvCircuitTimeouts, defaultCircuitTrips, 1, 1000)
 	c.CircuitOpen = l.duration(EnvCircuitOpen, defaultCircuitOpen)
 	c.EndpointKey = l.endpointKey()
+	if s := l.lookup(EnvOperatorWebhook, "", false); s.set() {
+		// The URL may hold a token: the error says what is wrong, not the value.
+		if u, err := url.Parse(s.value); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			l.fail(s, "is not an absolute http(s) URL")
+		} else if u.User != nil {
+			l.fail(s, "holds a user name or password (user:pass@), which is not sent; put a token in the path or query instead")
+		}
+		c.OperatorWebhook = s.value
+	}
+	if s := l.lookup(EnvOperatorEmail, "", false); s.set() {
+		// Addresses are personal data: the error says which, by position.
+		for i, a := range strings.Split(s.value, ",") {
+			if _, err := mail.ParseAddress(strings.TrimSpace(a)); err != nil {
+				l.fail(s, fmt.Sprintf("address %d is not an email address", i+1))
+			}
+		}
+		if c.SMTPAddr == "" {
+			l.fail(s, "is set but "+EnvSMTPAddr+" is not: the alerts are sent through it")
+		}
+		c.OperatorEmail = s.value
+	}
+	c.OperatorDelay = l.duration(EnvOperatorDelay, defaultOperatorDelay)
 	c.Limits = rules.Limits{
 		RulesPerProject:   l.count(EnvMaxRules, rules.DefaultRulesPerProject, 1, 1_000_000),
 		WindowsPerRule:    l.count(EnvMaxWindows, rules.MaxWindowsPerRule, 1, rules.MaxWindowsPerRule),

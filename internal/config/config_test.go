@@ -74,6 +74,7 @@ func TestLoadDefaults(t *testing.T) {
 		MaxSendsPerProject: 32,
 		CircuitTimeouts:    5,
 		CircuitOpen:        30 * time.Second,
+		OperatorDelay:      2 * time.Minute,
 	}
 	if got != want {
 		t.Errorf("defaults:\n got %#v\nwant %#v", got, want)

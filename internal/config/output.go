@@ -74,6 +74,9 @@ func (c Config) attrs() []slog.Attr {
 		slog.Int("circuit_timeouts", c.CircuitTimeouts),
 		slog.String("circuit_open", c.CircuitOpen.String()),
 		slog.String("endpoint_key", secret(c.EndpointKey)),
+		slog.String("operator_webhook", secret(c.OperatorWebhook)),
+		slog.Bool("operator_email", c.OperatorEmail != ""), // addresses are personal data
+		slog.String("operator_delay", c.OperatorDelay.String()),
 	}
 }
 

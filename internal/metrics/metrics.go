@@ -73,6 +73,10 @@ type Metrics struct {
 	RuleWarnings prometheus.Counter
 	// Up is 1 while a dependency answers, by name (amqp, redis, rules).
 	Up *prometheus.GaugeVec
+	// OperatorAlerts counts the messages of the operator channel
+	// (internal/watchdog) by state: delayed, failing, recovered, and error
+	// for one that could not be sent.
+	OperatorAlerts *prometheus.CounterVec
 }
 
 // durationBuckets span 10 ms to 31 days, at most 3× apart. Both histograms
@@ -154,8 +158,11 @@ func New(reg prometheus.Registerer) *Metrics {
 		Up: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "klaxon_dependency_up", Help: "1 while a dependency answers.",
 		}, []string{"dependency"}),
+		OperatorAlerts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "klaxon_operator_alerts_total", Help: "Messages to the operator channel about Klaxon itself, by state (delayed, failing, recovered, error).",
+		}, []string{"state"}),
 	}
 	reg.MustRegister(m.Events, m.RulesEvaluated, m.RulesStarved, m.Firings, m.Notifications, m.EndpointsUnopened, m.HawkTasks, m.CircuitChanges, m.CircuitsOpen, m.DeliveryLatency,
-		m.EventLag, m.QueueDepth, m.Consuming, m.Batches, m.BatchHeld, m.Storms, m.HeldBytes, m.ConsumerPauses, m.RuleLoads, m.RuleWarnings, m.Up)
+		m.EventLag, m.QueueDepth, m.Consuming, m.Batches, m.BatchHeld, m.Storms, m.HeldBytes, m.ConsumerPauses, m.RuleLoads, m.RuleWarnings, m.Up, m.OperatorAlerts)
 	return m
 }

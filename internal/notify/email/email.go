@@ -166,6 +166,12 @@ func (n *Notifier) Notify(ctx context.Context, endpoint string, m *notify.Messag
 	if err != nil {
 		return false, err
 	}
+	return n.sendTo(ctx, to, msg)
+}
+
+// sendTo sends msg to the addresses to within the channel's timeout; its
+// error names none of them.
+func (n *Notifier) sendTo(ctx context.Context, to []*mail.Address, msg *gomail.Message) (retry bool, err error) {
 	rcpts := make([]string, len(to))
 	for i, a := range to {
 		rcpts[i] = smtpPath(a)
@@ -174,6 +180,24 @@ func (n *Notifier) Notify(ctx context.Context, endpoint string, m *notify.Messag
 	defer cancel()
 	retry, err = n.send(ctx, rcpts, msg)
 	return retry, notify.RedactError(err, addressSecrets(to)...)
+}
+
+// SendText emails a plain-text message to the comma-separated addresses
+// of to, as blind recipients like Notify's: for Klaxon's messages about
+// itself (the operator channel), which are no rule's notification.
+func (n *Notifier) SendText(ctx context.Context, to, subject, body string) error {
+	list, err := parseRecipients(to)
+	if err != nil {
+		return err
+	}
+	gm := gomail.NewMessage()
+	gm.SetHeader("From", n.from.String())
+	gm.SetHeader("To", undisclosed)
+	gm.SetHeader("Subject", "[Klaxon] "+notify.OneLine(subject))
+	gm.SetHeader("Auto-Submitted", "auto-generated")
+	gm.SetBody("text/plain", body+"\n")
+	_, err = n.sendTo(ctx, list, gm)
+	return err
 }
 
 // undisclosed is the To header of every mail: RFC 5322's empty group, the
