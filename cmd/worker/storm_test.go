@@ -40,6 +40,23 @@ func tenSecondsAgo() time.Time {
 	return time.Now().Add(-10 * time.Second).Truncate(100 * time.Millisecond)
 }
 
+// warmUp has the worker's consumer take 64 events of a project without
+// rules, so that its prefetch, which starts at 1 and doubles, takes a
+// storm whole: a storm over at the worker's first look, split over two
+// batches, could be swept over before its last events are counted.
+func (h *harness) warmUp() {
+	h.t.Helper()
+	var msgs []message
+	for i := range 64 {
+		msgs = append(msgs, event("000000000000000000000000", "warm-up", fmt.Sprint("warm-", i), false))
+	}
+	h.publish(msgs...)
+	waitFor(h.t, 30*time.Second, "the warm-up events taken", func() bool {
+		ready, unacked, ok := queueMessages(h.t, h.queue)
+		return ok && ready+unacked == 0 || !ok && readyMessages(h.t, h.amqpURL, h.queue) == 0
+	})
+}
+
 // seenMore is a rule of 5 events in 1 s, for titles with word.
 func seenMore(word string, fields bson.M) bson.M {
 	r := rule(bson.M{"whatToReceive": "SEEN_MORE", "including": bson.A{word}, "threshold": 5, "thresholdPeriod": 1000})
@@ -54,6 +71,7 @@ func seenMore(word string, fields bson.M) bson.M {
 // for the two firings and the one storm-over message it wants. It returns
 // the webhook bodies and when the storms began.
 func (h *harness) twoStorms(project string) ([]map[string]any, time.Time) {
+	h.warmUp()
 	base := tenSecondsAgo()
 	h.publish(append(burst(project, "DatabaseError", "db", base, 6), burst(project, "CacheError", "cache", base, 6)...)...)
 	bodies := h.webhookBodies(3)
