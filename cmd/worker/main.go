@@ -207,7 +207,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	// The deliverer publishes on a connection of its own: a storm of jobs
 	// put back for their turn (hundreds at once, each a publish) must not
 	// make the evaluator's publishes wait behind them, nor the other way.
-	dpub, err := queue.NewPublisher(queue.PublisherConfig{URL: cfg.AMQPURL, ConnectionName: "klaxon-deliverer-publisher", MaxChannels: 512, MaxIdleChannels: 512,
+	dpub, err := queue.NewPublisher(queue.PublisherConfig{URL: cfg.AMQPURL, ConnectionName: "klaxon-deliverer-publisher",
 		QueueType: queue.Type(cfg.QueueType), Logger: log})
 	if err != nil {
 		return err

@@ -232,6 +232,9 @@ func (b *budgets) enter(t target, now time.Time) verdict {
 		h = &host{}
 		b.hosts[t.host] = h
 	}
+	if len(b.pools) >= 4*forgetAfter {
+		b.forgetPools(now)
+	}
 	h.seen = now
 	if h.state == halfOpen || h.state == open && now.Before(h.until) {
 		return verdict{wait: max(h.until.Sub(now), time.Millisecond)}
@@ -325,6 +328,16 @@ func (b *budgets) leave(sl *slot, o answer, now time.Time) string {
 		}
 	}
 	return ""
+}
+
+// forgetPools drops pools with nothing in flight whose last turn has
+// passed: those whose jobs put back never came again. Called with mu held.
+func (b *budgets) forgetPools(now time.Time) {
+	for k, p := range b.pools {
+		if len(p.inFlight) == 0 && !p.turn.After(now) {
+			delete(b.pools, k)
+		}
+	}
 }
 
 // forget drops hosts with nothing in flight whose circuit is closed and

@@ -3,6 +3,7 @@ package deliverer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -118,6 +119,29 @@ func TestEmptyPoolsAreForgotten(t *testing.T) {
 	b.leave(v.slot, answered, now)
 	if len(b.pools) != 0 {
 		t.Errorf("%d pools kept with nothing in flight", len(b.pools))
+	}
+	// A pool that gave a turn to a job that never came back goes too, once
+	// its turn has passed and enough pools are kept.
+	var slots []*slot
+	for i := range 4 {
+		slots = append(slots, b.enter(target{host: fmt.Sprintf("h%d:80", i), project: "p", channel: "webhook"}, now).slot)
+	}
+	if why, _ := b.crowded(target{host: "h9:80", project: "p", channel: "webhook"}, now); why != "project" {
+		t.Fatalf("crowded = %q, want the project full", why)
+	}
+	for _, sl := range slots {
+		b.leave(sl, answered, now)
+	}
+	if _, kept := b.pools[poolKey{byProject, "p"}]; !kept {
+		t.Fatal("a pool with a turn ahead dropped at once")
+	}
+	later := now.Add(maxTurn)
+	for i := range 4 * forgetAfter {
+		b.pools[poolKey{byAddr, fmt.Sprint(i)}] = &pool{}
+	}
+	b.enter(target{host: "other:80", project: "q", channel: "slack"}, later)
+	if _, kept := b.pools[poolKey{byProject, "p"}]; kept || len(b.pools) > 3 {
+		t.Errorf("%d pools kept past %d, the idle project's among them: %v", len(b.pools), 4*forgetAfter, kept)
 	}
 }
 

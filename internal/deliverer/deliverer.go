@@ -124,8 +124,8 @@ type Config struct {
 	// [net.DefaultResolver].
 	Resolver *net.Resolver
 	// CircuitTimeouts consecutive timeouts of a host open its circuit [5]:
-	// its jobs then wait CircuitOpen [30 s] in the retry queues, each wait
-	// counting as an attempt, until one send probes it.
+	// its jobs then wait CircuitOpen [30 s] in the retry queues, spending
+	// no attempt, until one send probes it.
 	CircuitTimeouts int
 	CircuitOpen     time.Duration
 	// WaitReplicas, when above 0, makes claims and records wait (Redis
@@ -336,13 +336,10 @@ func (d *Deliverer) keptAway(ctx context.Context, job *wire.Job) (string, time.D
 
 // putBack puts back a job that keptAway kept away, spending no attempt.
 func (d *Deliverer) putBack(ctx context.Context, job *wire.Job, why string, wait time.Duration) error {
-	if why != "circuit" {
-		return d.deferJob(ctx, job, why, wait)
+	if why == "circuit" {
+		return d.park(ctx, job, nil, wait)
 	}
-	d.metrics.Notifications.WithLabelValues(job.Channel, "parked").Inc()
-	next := *job
-	next.Paced, next.NotBefore = false, time.Time{}
-	return d.schedule(ctx, &next, wait, true)
+	return d.deferJob(ctx, job, why, wait)
 }
 
 // jobTooOld reports whether a firing job carries a firing older than Keep.
@@ -354,7 +351,7 @@ func (d *Deliverer) jobTooOld(job *wire.Job) bool {
 	for _, f := range job.Firings {
 		ns = append(ns, *f.Notification)
 	}
-	return d.tooOld(&notify.Message{Notifications: ns})
+	return d.tooOld(ns)
 }
 
 // deferJob puts back a job that was not tried, to come again after wait,

@@ -240,8 +240,8 @@ func (d *Deliverer) settle(ctx context.Context, job *wire.Job, keys []string, ms
 		// and comes again, is sent again.
 		return false, ctx.Err()
 	}
-	if _, parked := errors.AsType[*errCircuitOpen](o.err); parked && !d.tooOld(msg) {
-		return false, d.park(ctx, job, keys, o, log)
+	if _, parked := errors.AsType[*errCircuitOpen](o.err); parked && !d.tooOld(msg.Notifications) {
+		return false, d.park(ctx, job, keys, o.after)
 	}
 	if o.kind == outcomeRetry && job.Attempt+1 < d.cfg.MaxAttempts {
 		return false, d.retry(ctx, job, keys, o, log)
@@ -301,22 +301,26 @@ func (d *Deliverer) retry(ctx context.Context, job *wire.Job, keys []string, o o
 // provider down for an hour loses nothing and its messages go out as soon
 // as a probe finds it answering. Only a job parked past Keep fails, since
 // past it a "sent" record may be gone and the message could go twice.
-func (d *Deliverer) park(ctx context.Context, job *wire.Job, keys []string, o outcome, log *slog.Logger) error {
-	if err := d.release(ctx, keys...); err != nil {
-		return err
+// keys are its claims, none when it was parked before it was claimed.
+func (d *Deliverer) park(ctx context.Context, job *wire.Job, keys []string, wait time.Duration) error {
+	if len(keys) > 0 {
+		if err := d.release(ctx, keys...); err != nil {
+			return err
+		}
 	}
 	next := *job
 	next.Paced = false
 	next.NotBefore = time.Time{}
 	// Logged once, when the circuit opened, not once a job.
-	log.Debug("notification parked until its host's circuit lets a send through", "error", o.err, "retry_in", o.after.String())
+	d.log.Debug("notification parked until its host's circuit lets a send through",
+		"channel", job.Channel, "project", job.ProjectID, "retry_in", wait.String())
 	d.metrics.Notifications.WithLabelValues(job.Channel, "parked").Inc()
-	return d.schedule(ctx, &next, o.after, true)
+	return d.schedule(ctx, &next, wait, true)
 }
 
-// tooOld reports whether the oldest firing msg carries is older than Keep.
-func (d *Deliverer) tooOld(msg *notify.Message) bool {
-	for _, n := range msg.Notifications {
+// tooOld reports whether any of the firings ns is older than Keep.
+func (d *Deliverer) tooOld(ns []notify.Notification) bool {
+	for _, n := range ns {
 		if !n.FiredAt.IsZero() && d.now().Sub(n.FiredAt) > d.cfg.Keep {
 			return true
 		}

@@ -1,6 +1,7 @@
 package evaluator
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -48,8 +49,8 @@ const keptBuckets = 100_000
 // (the messages whose routing key is main) to the bulk lane. A nil Lanes
 // leaves every job in the main lane.
 func (l *Lanes) route(project, main string, msgs []queue.Message) {
-	if l == nil || l.Bulk == "" {
-		return
+	if l == nil || l.Bulk == "" || !slices.ContainsFunc(msgs, func(m queue.Message) bool { return m.RoutingKey == main }) {
+		return // most events fire nothing: no lock, no clock
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
