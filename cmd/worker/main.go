@@ -53,6 +53,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/deliverer"
 	"github.com/klaxonhq/klaxon/internal/evaluator"
 	"github.com/klaxonhq/klaxon/internal/events"
+	"github.com/klaxonhq/klaxon/internal/livegroups"
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/notify/channels"
@@ -252,6 +253,11 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		// One per worker: it warns of a starved rule once an hour,
 		// whichever queue brought the events.
 		starving := starved.New(starved.Config{Redis: rdb, Prefix: cfg.Prefix, Log: log.With("stage", "evaluator"), Metrics: m})
+		// One per worker: it reads each busy project's live groups back
+		// from Redis every couple of seconds, whichever queue counted them.
+		live := livegroups.New(livegroups.Config{Redis: rdb, States: engine, Prefix: cfg.Prefix, Max: int64(cfg.MaxGroups),
+			Log: log.With("stage", "evaluator"), Metrics: m})
+		work = append(work, live.Run)
 		// One consumer per incoming queue, each on its own connection: a
 		// queue deleted or refused holds up its own consumer only. And one
 		// evaluator per queue, sharing everything but the lock that lets
@@ -264,6 +270,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 				Counter:       engine,
 				Storms:        storms,
 				Starved:       starving,
+				Live:          live,
 				Publisher:     pub,
 				Groups:        groups,
 				DeadQueue:     wire.DeadQueue(cfg.Queue),

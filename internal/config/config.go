@@ -99,6 +99,7 @@ const (
 	EnvMaxSends           = "KLAXON_MAX_SENDS"
 	EnvMaxSendsPerHost    = "KLAXON_MAX_SENDS_PER_HOST"
 	EnvMaxSendsPerProject = "KLAXON_MAX_SENDS_PER_PROJECT"
+	EnvMaxGroups          = "KLAXON_MAX_GROUPS_PER_PROJECT"
 	EnvCircuitTimeouts    = "KLAXON_CIRCUIT_TIMEOUTS"
 	EnvCircuitOpen        = "KLAXON_CIRCUIT_OPEN"
 	// Endpoints sealed wherever they leave the process (internal/seal).
@@ -168,6 +169,9 @@ const (
 	defaultSends        = 1024
 	defaultSendsPerHost = 16
 	defaultSendsPerProj = 32
+	// defaultMaxGroups is about 50 MB of Redis for one project (~520 B a
+	// group with the ids it remembers).
+	defaultMaxGroups = 100_000
 
 	defaultCircuitTrips = 5
 	defaultCircuitOpen  = 30 * time.Second
@@ -249,6 +253,7 @@ func Variables() []Variable {
 		{EnvMaxSends, "", strconv.Itoa(defaultSends), false, "delivery jobs one worker works on at once, sends in flight included (16-65535); one channel may take half"},
 		{EnvMaxSendsPerHost, "", strconv.Itoa(defaultSendsPerHost), false, "sends one host (host:port of an endpoint, the SMTP server, the Bot API) may have in flight in a worker (1-4096); four times that per resolved address"},
 		{EnvMaxSendsPerProject, "", strconv.Itoa(defaultSendsPerProj), false, "sends one project may have in flight in a worker (1-4096)"},
+		{EnvMaxGroups, "", strconv.Itoa(defaultMaxGroups), false, "groups one project may keep a counting state for in Redis (1000-100000000; 0 = no bound); past it, the events of its groups without a state are counted together as one group"},
 		{EnvCircuitTimeouts, "", strconv.Itoa(defaultCircuitTrips), false, "consecutive timeouts that open a destination's circuit (1-1000)"},
 		{EnvCircuitOpen, "", formatDuration(defaultCircuitOpen), false, "how long an open circuit keeps a destination's jobs waiting before one send probes it"},
 		{EnvEndpointKey, "", "", true, "comma-separated base64 keys of 32 bytes: endpoints are sealed (AES-GCM) with the first in queues and Redis, opened with any; unset = in clear"},
@@ -347,7 +352,10 @@ type Config struct {
 	MaxSendsPerHost    int
 	MaxSendsPerProject int
 	CircuitTimeouts    int
-	CircuitOpen        time.Duration
+	// MaxGroups bounds the groups one project keeps a counting state
+	// for (KLAXON_MAX_GROUPS_PER_PROJECT); 0 for no bound.
+	MaxGroups   int
+	CircuitOpen time.Duration
 	// EndpointKey is KLAXON_ENDPOINT_KEY as given (a string keeps Config
 	// comparable; Load checked it); use EndpointKeys.
 	EndpointKey string
@@ -600,6 +608,9 @@ func Load(getenv func(string) string) (Config, error) {
 	c.MaxSendsPerHost = l.count(EnvMaxSendsPerHost, defaultSendsPerHost, 1, 4096)
 	c.MaxSendsPerProject = l.count(EnvMaxSendsPerProject, defaultSendsPerProj, 1, 4096)
 	c.CircuitTimeouts = l.count(EnvCircuitTimeouts, defaultCircuitTrips, 1, 1000)
+	if c.MaxGroups = l.count(EnvMaxGroups, defaultMaxGroups, 0, 100_000_000); c.MaxGroups > 0 && c.MaxGroups < 1000 {
+		l.fail(l.lookup(EnvMaxGroups, "", false), fmt.Sprintf("%d is below 1000: a project's groups would overflow at its first burst; 0 sets no bound", c.MaxGroups))
+	}
 	c.CircuitOpen = l.duration(EnvCircuitOpen, defaultCircuitOpen)
 	c.EndpointKey = l.endpointKey()
 	if s := l.lookup(EnvOperatorWebhook, "", false); s.set() {

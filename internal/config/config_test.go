@@ -72,6 +72,7 @@ func TestLoadDefaults(t *testing.T) {
 		MaxSends:           1024,
 		MaxSendsPerHost:    16,
 		MaxSendsPerProject: 32,
+		MaxGroups:          100_000,
 		CircuitTimeouts:    5,
 		CircuitOpen:        30 * time.Second,
 		OperatorDelay:      2 * time.Minute,

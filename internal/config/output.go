@@ -71,6 +71,7 @@ func (c Config) attrs() []slog.Attr {
 		slog.Int("max_sends", c.MaxSends),
 		slog.Int("max_sends_per_host", c.MaxSendsPerHost),
 		slog.Int("max_sends_per_project", c.MaxSendsPerProject),
+		slog.Int("max_groups_per_project", c.MaxGroups),
 		slog.Int("circuit_timeouts", c.CircuitTimeouts),
 		slog.String("circuit_open", c.CircuitOpen.String()),
 		slog.String("endpoint_key", secret(c.EndpointKey)),

@@ -104,6 +104,8 @@ type Evaluator struct {
 	// Starved, when set, is told of the batch's rules that saw events
 	// they cannot count.
 	Starved Starved
+	// Live, when set, bounds the groups a project keeps a state for.
+	Live LiveGroups
 	// Keys seal the endpoint in each delivery job (KLAXON_ENDPOINT_KEY);
 	// nil leaves it in clear.
 	Keys    *seal.Keys
@@ -204,14 +206,18 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 	}
 
 	var results []counter.Result
+	over, err := e.overflow(ctx, events, &regs)
+	if err != nil {
+		return err
+	}
 	if len(events) > 0 {
-		var err error
 		e.counting.Lock()
-		results, err = e.Counter.ObserveBatch(ctx, b.ID, events)
+		results, err = e.observe(ctx, b.ID, over)
 		e.counting.Unlock()
 		if err != nil {
 			return fmt.Errorf("count %d events: %w", len(events), err)
 		}
+		e.sawGroups(over, results)
 		// The next batch may count while this one publishes and waits for
 		// the broker's confirms (queue.ConsumerConfig.Pipelined); not after
 		// a failure, which the next would meet too.
@@ -220,7 +226,7 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 	if err := e.publish(ctx, out, events, msgs, results, groups, &regs); err != nil {
 		return err
 	}
-	if err := e.startStorms(ctx, events, msgs, results, groups); err != nil {
+	if err := e.startStorms(ctx, over.counted, msgs, results, groups); err != nil {
 		return err
 	}
 	e.tellStarved(ctx, starving)
@@ -331,7 +337,11 @@ func (e *Evaluator) startStorms(ctx context.Context, events []counter.Event, msg
 				continue
 			}
 			n := Notification(&events[i], &msgs[i], o)
-			n.Event.URL = e.EventURL.URL(events[i].ProjectID, events[i].GroupHash, groups[groupKey{events[i].ProjectID, events[i].GroupHash}].ID)
+			real := msgs[i].Event.GroupHash
+			n.Event.URL = e.EventURL.URL(events[i].ProjectID, real, groups[groupKey{events[i].ProjectID, real}].ID)
+			// A storm follows the group counted: livegroups.Overflow for
+			// a full project's events of groups without a state.
+			n.Event.GroupHash = events[i].GroupHash
 			if err := e.Storms.Start(ctx, o.Rule, o.Window, &n); err != nil {
 				return fmt.Errorf("follow the storm of firing %s: %w", o.ID, err)
 			}

@@ -17,6 +17,12 @@ type Metrics struct {
 	// for a field the event lacks, by reason: no_user (a countBy users
 	// rule, an event without event.user).
 	RulesStarved *prometheus.CounterVec
+	// ProjectsOverGroupCap is how many projects this worker found over
+	// KLAXON_MAX_GROUPS_PER_PROJECT live groups (internal/livegroups).
+	ProjectsOverGroupCap prometheus.Gauge
+	// OverflowEvents counts events of full projects counted under the
+	// overflow group, for want of a state of their own.
+	OverflowEvents prometheus.Counter
 	// Firings by type (new, threshold).
 	Firings *prometheus.CounterVec
 	// Notifications by channel and outcome: sent, digested, retried,
@@ -97,6 +103,12 @@ func New(reg prometheus.Registerer) *Metrics {
 		RulesEvaluated: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "klaxon_rules_evaluated_total", Help: "Event and rule pairs counted.",
 		}),
+		ProjectsOverGroupCap: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "klaxon_projects_over_group_cap", Help: "Projects over KLAXON_MAX_GROUPS_PER_PROJECT live groups, whose new groups are counted together.",
+		}),
+		OverflowEvents: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "klaxon_overflow_events_total", Help: "Events of projects over their live groups counted under the overflow group.",
+		}),
 		RulesStarved: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "klaxon_rules_starved_total", Help: "Event and rule pairs the rule could not count for a field the event lacks, by reason.",
 		}, []string{"reason"}),
@@ -162,7 +174,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "klaxon_operator_alerts_total", Help: "Messages to the operator channel about Klaxon itself, by state (delayed, failing, recovered, error).",
 		}, []string{"state"}),
 	}
-	reg.MustRegister(m.Events, m.RulesEvaluated, m.RulesStarved, m.Firings, m.Notifications, m.EndpointsUnopened, m.HawkTasks, m.CircuitChanges, m.CircuitsOpen, m.DeliveryLatency,
+	reg.MustRegister(m.Events, m.RulesEvaluated, m.RulesStarved, m.ProjectsOverGroupCap, m.OverflowEvents, m.Firings, m.Notifications, m.EndpointsUnopened, m.HawkTasks, m.CircuitChanges, m.CircuitsOpen, m.DeliveryLatency,
 		m.EventLag, m.QueueDepth, m.Consuming, m.Batches, m.BatchHeld, m.Storms, m.HeldBytes, m.ConsumerPauses, m.RuleLoads, m.RuleWarnings, m.Up, m.OperatorAlerts)
 	return m
 }
