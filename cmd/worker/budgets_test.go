@@ -114,6 +114,7 @@ func (p *provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Notifications []struct {
 			ID string `json:"id"`
 		} `json:"notifications"`
+		ID     string           `json:"id"` // a webhook's single firing
 		Blocks []map[string]any `json:"blocks"`
 		Text   string           `json:"text"`
 	}
@@ -122,7 +123,11 @@ func (p *provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for _, n := range m.Notifications {
 		p.answered[n.ID]++
 	}
-	if len(m.Notifications) == 0 {
+	switch {
+	case len(m.Notifications) > 0:
+	case m.ID != "":
+		p.answered[m.ID]++
+	default:
 		// A Slack message: each rule has a webhook URL of its own.
 		p.answered[r.URL.Path]++
 	}
@@ -131,8 +136,8 @@ func (p *provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	io.WriteString(w, "ok")
 }
 
-// delivered is how many messages p answered 200 in all, and for each
-// notification id (webhooks) or URL path (Slack) how many.
+// delivered is how many notifications p answered 200 in all, and for
+// each notification id (webhooks) or URL path (Slack) how many.
 func (p *provider) delivered() (int, map[string]int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -212,6 +217,12 @@ func (h *harness) received(c string) int {
 // files at the end, when the other projects' load is at its peak.
 func (h *harness) victimArrives(w *worker, victim string, chans victimChannels, tries int) {
 	h.t.Helper()
+	h.victimArrivesVia(w, victim, chans, tries, func(m message) { h.publish(m) })
+}
+
+// victimArrivesVia is victimArrives with the victim's events published by publish.
+func (h *harness) victimArrivesVia(w *worker, victim string, chans victimChannels, tries int, publish func(message)) {
+	h.t.Helper()
 	var worst time.Duration
 	for i := range tries {
 		before := map[string]int{}
@@ -219,7 +230,9 @@ func (h *harness) victimArrives(w *worker, victim string, chans victimChannels, 
 			before[c] = h.received(c)
 		}
 		start := time.Now()
-		h.publish(event(victim, "TypeError: the victim's new error", fmt.Sprintf("victim-%d", i), true))
+		ev := event(victim, "TypeError: the victim's new error", fmt.Sprintf("victim-%d", i), true)
+		ev.Key = victim
+		publish(ev)
 		for _, c := range chans {
 			waitFor(h.t, 2*fairBound, "the victim's "+c+" notification", func() bool { return h.received(c) > before[c] })
 			took := time.Since(start)
