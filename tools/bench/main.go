@@ -2,10 +2,10 @@
 // and a Hawk-style baseline, side by side in one run, on the same queue of
 // generated Hawk events, and prints one table (or JSON with -json):
 //
-//	go run ./cmd/bench                         # 100,000 events, ceiling, Hawk, Klaxon ×1,2,3
-//	go run ./cmd/bench -events 20000 -workers 1 -json
-//	go run ./cmd/bench -scale                  # 1,000 projects × 10 rules, 100,000 groups
-//	go run ./cmd/bench -queues 1,2,4 -systems ceiling,klaxon -workers 1,2
+//	go run ./tools/bench                         # 100,000 events, ceiling, Hawk, Klaxon ×1,2,3
+//	go run ./tools/bench -events 20000 -workers 1 -json
+//	go run ./tools/bench -scale                  # 1,000 projects × 10 rules, 100,000 groups
+//	go run ./tools/bench -queues 1,2,4 -systems ceiling,klaxon -workers 1,2
 //
 // For each system the queue is filled with the same N events first, then
 // consumed:
@@ -37,8 +37,8 @@
 // peak resident set (VmHWM) and the time from its start. Of the other
 // flags only -amqp, -redis, -worker, -env and -progress apply:
 //
-//	go run ./cmd/bench -big-messages 60 -big-mib 10                                  # KLAXON_MAX_HELD_BYTES at its default
-//	go run ./cmd/bench -big-messages 60 -big-mib 10 -env KLAXON_MAX_HELD_BYTES=16GiB # in effect no byte bound: the prefetch alone
+//	go run ./tools/bench -big-messages 60 -big-mib 10                                  # KLAXON_MAX_HELD_BYTES at its default
+//	go run ./tools/bench -big-messages 60 -big-mib 10 -env KLAXON_MAX_HELD_BYTES=16GiB # in effect no byte bound: the prefetch alone
 //
 // It needs Redis and RabbitMQ (single node; with -queues above 1, the
 // rabbitmq_consistent_hash_exchange plugin), and Go to build the worker
