@@ -317,7 +317,7 @@ func (c *Consumer) Consume(ctx context.Context, handle Handler) error {
 
 	failures := 0
 	for {
-		consumed, err := c.session(ctx, hctx, handle)
+		consumed, err := c.runSession(ctx, hctx, handle)
 		if ctx.Err() != nil {
 			c.state.setDown(nil)
 			return nil
@@ -333,11 +333,11 @@ func (c *Consumer) Consume(ctx context.Context, handle Handler) error {
 	}
 }
 
-// session is one connection's life: connect, consume, handle batches until
+// runSession is one connection's life: connect, consume, handle batches until
 // the channel dies (returns the cause) or ctx ends (returns nil after the
 // graceful stop). consumed tells whether it got as far as consuming, which
 // resets the reconnect backoff.
-func (c *Consumer) session(ctx, hctx context.Context, handle Handler) (consumed bool, err error) {
+func (c *Consumer) runSession(ctx, hctx context.Context, handle Handler) (consumed bool, err error) {
 	conn, err := Dial(ctx, c.cfg.URL, c.cfg.ConnectionName)
 	if err != nil {
 		return false, fmt.Errorf("connect: %w", err)
@@ -390,10 +390,10 @@ func (c *Consumer) session(ctx, hctx context.Context, handle Handler) (consumed 
 	}
 }
 
-// consumeConcurrently is session's loop for Concurrency above 1: it collects
-// a batch whenever fewer than Concurrency are in flight and hands each to
-// one of Concurrency handler goroutines, which retries and settles that
-// batch alone, just as the one-at-a-time loop does. However the session
+// consumeConcurrently is runSession's loop for Concurrency above 1: it
+// collects a batch whenever fewer than Concurrency are in flight and hands
+// each to one of Concurrency handler goroutines, which retries and settles
+// that batch alone, just as the one-at-a-time loop does. However the session
 // ends, it returns only once every handler has: on a graceful stop after
 // they finished (StopGrace), otherwise after kill closed the connection,
 // which cancels their contexts.
