@@ -12,6 +12,6 @@ ensure_rabbitmq
 mkdir -p bin
 go build -o bin/klaxon-worker ./cmd/worker
 go build -o bin/klaxon ./cmd/klaxon
-go build -o bin/devmongo ./cmd/devmongo
-go build -o bin/klaxon-demo ./cmd/demo
+go build -o bin/devmongo ./tools/devmongo
+go build -o bin/klaxon-demo ./tools/demo
 exec bin/klaxon-demo "$@"

@@ -8,7 +8,7 @@
 #   scripts/rabbitmq4.sh start   # make the root if missing, start the node
 #   scripts/rabbitmq4.sh stop    # stop it, unmount the root's /proc, /dev, /sys
 #
-# cmd/bench meters the node listening on its -amqp port. Stop the machine's
+# tools/bench meters the node listening on its -amqp port. Stop the machine's
 # own broker (rabbitmqctl stop) while benchmarking or testing this one all
 # the same: idle, it still takes CPU, and the tests that drive a node with
 # rabbitmqctl address that one. Start it again after (rabbitmq-server

@@ -2,7 +2,7 @@
 # Starts the local services Klaxon's tests and demo need, when they do not
 # answer: Redis on 127.0.0.1:6379 and RabbitMQ on 127.0.0.1:5672, with its
 # consistent-hash exchange plugin enabled. MongoDB needs nothing: tests and
-# the demo run FerretDB in-process (cmd/devmongo).
+# the demo run FerretDB in-process (tools/devmongo).
 # Source it, then call ensure_services.
 
 install_pkg() { # command package

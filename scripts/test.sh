@@ -15,8 +15,8 @@ cd "$(dirname "$0")/.."
 . scripts/services.sh
 ensure_services
 go vet ./...
-KLAXON_TEST_SENTINEL=1 go test -p 1 -race -count=1 -timeout 8m "$@" -run '^TestSentinel|^TestChaosSentinel' ./internal/testenv ./cmd/worker ./cmd/chaos
-KLAXON_TEST_RESHARD=1 go test -p 1 -race -count=1 -timeout 5m "$@" -run 'Reshard' ./internal/counter ./cmd/chaos
+KLAXON_TEST_SENTINEL=1 go test -p 1 -race -count=1 -timeout 8m "$@" -run '^TestSentinel|^TestChaosSentinel' ./internal/testenv ./cmd/worker ./tools/chaos
+KLAXON_TEST_RESHARD=1 go test -p 1 -race -count=1 -timeout 5m "$@" -run 'Reshard' ./internal/counter ./tools/chaos
 go test -race -count=1 -timeout 12m "$@" ./...
 KLAXON_TEST_BROKER_RESTART=1 go test -race -count=1 -timeout 5m "$@" -run '^TestBrokerRestart$' ./cmd/worker
 KLAXON_TEST_FAIRNESS=1 go test -race -count=1 -timeout 8m "$@" -run '^TestFairness' ./cmd/worker

@@ -1,6 +1,6 @@
 // Package baseline holds the counting algorithms Klaxon is measured
 // against, as Lua scripts: they are not Klaxon's and serve comparisons only
-// (internal/counter's benchmark, cmd/bench).
+// (internal/counter's benchmark, tools/bench).
 package baseline
 
 import _ "embed"

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,7 +24,6 @@ import (
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/seal"
-	"github.com/klaxonhq/klaxon/internal/starved"
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
@@ -292,37 +290,6 @@ func (e *Evaluator) publish(ctx context.Context, dead []queue.Message, evs []cou
 	}
 }
 
-// starvation counts, per rule, the batch's events it cannot count.
-type starvation map[starvedKey]int
-
-type starvedKey struct {
-	rule   *rules.Rule
-	reason string
-}
-
-// add notes the rules of an event without event.user that count users.
-func (s *starvation) add(matched []*rules.Rule) {
-	for _, r := range matched {
-		if reason := starved.Lacks(r, ""); reason != "" {
-			if *s == nil {
-				*s = make(starvation)
-			}
-			(*s)[starvedKey{r, reason}]++
-		}
-	}
-}
-
-// tellStarved tells Starved of a batch that was counted, once: a batch
-// tried again is told of when it succeeds.
-func (e *Evaluator) tellStarved(ctx context.Context, s starvation) {
-	if e.Starved == nil {
-		return
-	}
-	for k, n := range s {
-		e.Starved.Saw(ctx, k.rule.ProjectID, k.rule, k.reason, n)
-	}
-}
-
 // startStorms tells Storms of the batch's firings that want a "storm
 // over" message, replays included: a batch that failed after counting
 // comes back with its firings replayed, and Storms knows the ones it saw.
@@ -348,204 +315,6 @@ func (e *Evaluator) startStorms(ctx context.Context, events []counter.Event, msg
 		}
 	}
 	return nil
-}
-
-// pendingEvent is a decoded event of a project with rules, before matching.
-type pendingEvent struct {
-	d       *queue.Delivery
-	m       event.Message
-	matcher *rules.Matcher
-}
-
-type groupKey struct{ project, group string }
-
-// lookupConcurrency bounds the reads of Hawk's events database one batch
-// has in flight; each is bounded in time by the reader.
-const lookupConcurrency = 16
-
-// lookupGroups reads the batch's groups, each once, concurrently: what the
-// database does not answer in time is absent, and the events go on
-// without it.
-func (e *Evaluator) lookupGroups(ctx context.Context, pending []pendingEvent) map[groupKey]events.Group {
-	if e.Groups == nil || len(pending) == 0 {
-		return nil
-	}
-	seen := make(map[groupKey]bool)
-	var (
-		mu  sync.Mutex
-		wg  sync.WaitGroup
-		out = make(map[groupKey]events.Group)
-		sem = make(chan struct{}, lookupConcurrency)
-	)
-	for i := range pending {
-		k := groupKey{pending[i].m.ProjectID, pending[i].m.Event.GroupHash}
-		if seen[k] {
-			continue
-		}
-		seen[k] = true
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			g, err := e.Groups.Group(ctx, k.project, k.group)
-			if err != nil {
-				if !errors.Is(err, events.ErrNotFound) {
-					e.Log.Debug("events database lookup failed; going on without it", "project", k.project, "group", k.group, "error", err)
-				}
-				return
-			}
-			mu.Lock()
-			out[k] = g
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	return out
-}
-
-// regressionCooldown keeps a resolution's rule quiet for a group after it
-// fired: far longer than ONLY_NEW's day, so that a group left marked
-// resolved while it keeps happening is told about once, not daily.
-const regressionCooldown = 30 * 24 * time.Hour
-
-// regression is what a derived rule stands for: the rule, and the
-// resolution (the mark's Unix seconds) it fires once for.
-type regression struct {
-	rule     *rules.Rule
-	resolved int64
-}
-
-// regressions maps the batch's derived rules to what they stand for. A
-// derived rule is the ONLY_NEW rule under the ID "<rule>~resolved-<mark>":
-// the counter keeps its state apart from the rule's own, so its
-// once-per-cooldown firing is once per resolution, and a new resolution
-// (a new mark) starts afresh.
-type regressions struct {
-	of      map[*rules.Rule]regression
-	derived map[string]*rules.Rule // by derived ID
-}
-
-func (regs *regressions) lookup(r *rules.Rule) (regression, bool) {
-	reg, ok := regs.of[r]
-	return reg, ok
-}
-
-// add appends to dst the derived rules of the ONLY_NEW rules that a new
-// event with this title would match.
-func (regs *regressions) add(m *rules.Matcher, title string, resolved int64, dst []*rules.Rule) []*rules.Rule {
-	for _, r := range m.Match(title, true, nil) {
-		if !r.OnlyNew {
-			continue
-		}
-		id := r.ID + "~resolved-" + strconv.FormatInt(resolved, 10)
-		derived := regs.derived[id]
-		if derived == nil {
-			if regs.of == nil {
-				regs.of, regs.derived = make(map[*rules.Rule]regression), make(map[string]*rules.Rule)
-			}
-			c := *r
-			c.ID, c.Cooldown = id, regressionCooldown
-			derived = &c
-			regs.of[derived], regs.derived[id] = regression{rule: r, resolved: resolved}, derived
-		}
-		dst = append(dst, derived)
-	}
-	return dst
-}
-
-// kind is a firing's notification type.
-func kind(o *counter.Outcome, regs *regressions) string {
-	switch _, regressed := regs.lookup(o.Rule); {
-	case regressed:
-		return notify.TypeRegressed
-	case o.Rule.OnlyNew:
-		return notify.TypeNew
-	}
-	return notify.TypeThreshold
-}
-
-// Outcomes of incoming events: the values of klaxon_events_total's label.
-const (
-	outCounted = iota
-	outDuplicate
-	outUnmatched
-	outNoRules
-	outDead
-	outcomes
-)
-
-// tally counts a batch's events by outcome.
-type tally [outcomes]int
-
-func outcomeName(o int) string {
-	switch o {
-	case outCounted:
-		return "counted"
-	case outDuplicate:
-		return "duplicate"
-	case outUnmatched:
-		return "unmatched"
-	case outNoRules:
-		return "no_rules"
-	}
-	return "dead"
-}
-
-// record counts a finished batch in the metrics and logs its firings; a
-// batch that failed and comes again is thus counted once.
-func (e *Evaluator) record(tally tally, events []counter.Event, results []counter.Result, regs *regressions) {
-	evaluated := 0
-	trace := e.Log.Enabled(context.Background(), slog.LevelDebug)
-	for i, res := range results {
-		ev := &events[i]
-		if trace {
-			e.traceEvent(ev, &res)
-		}
-		if res.Duplicate {
-			tally[outDuplicate]++
-		} else {
-			tally[outCounted]++
-			if !ev.Time.IsZero() {
-				e.Metrics.EventLag.Observe(time.Since(ev.Time).Seconds())
-			}
-		}
-		evaluated += len(res.Outcomes)
-		for k := range res.Outcomes {
-			o := &res.Outcomes[k]
-			if !o.Fired {
-				continue
-			}
-			kind := kind(o, regs)
-			if !o.Replayed {
-				e.Metrics.Firings.WithLabelValues(kind).Inc()
-			}
-			e.Log.Info("rule fired", "project", ev.ProjectID, "rule", o.Rule.ID, "group", ev.GroupHash,
-				"type", kind, "window", o.Window, "counts", o.Counts, "notification_id", o.ID,
-				"channels", len(o.Rule.Channels), "replayed", o.Replayed)
-		}
-	}
-	if evaluated > 0 {
-		e.Metrics.RulesEvaluated.Add(float64(evaluated))
-	}
-	for outcome, n := range tally {
-		if n > 0 {
-			e.Metrics.Events.WithLabelValues(outcomeName(outcome)).Add(float64(n))
-		}
-	}
-}
-
-// traceEvent logs, at debug, what counting made of one event: with every
-// event's identity and outcome in the logs, a notification missing after a
-// failure can be followed to the batch that counted (or did not count) its
-// events.
-func (e *Evaluator) traceEvent(ev *counter.Event, res *counter.Result) {
-	var fired []string
-	for k := range res.Outcomes {
-		if o := &res.Outcomes[k]; o.Fired {
-			fired = append(fired, o.Rule.ID)
-		}
-	}
-	e.Log.Debug("event counted", "project", ev.ProjectID, "group", ev.GroupHash, "id", ev.ID,
-		"redelivered", ev.Redelivered, "duplicate", res.Duplicate, "fired", fired)
 }
 
 // jobs turns the firings of one event into delivery jobs: one per

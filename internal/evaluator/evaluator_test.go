@@ -242,7 +242,7 @@ func TestHandleCounterErrorHoldsTheBatch(t *testing.T) {
 // BenchmarkHandle is the evaluator's own cost per event (decode, rules,
 // matching, building the counter's input, metrics), with a counter and a
 // publisher that do nothing: 256 Hawk messages per batch over 100
-// projects × 4 rules, as cmd/bench generates them.
+// projects × 4 rules, as tools/bench generates them.
 //
 //	go test -run '^$' -bench Handle -benchmem ./internal/evaluator
 func BenchmarkHandle(b *testing.B) {

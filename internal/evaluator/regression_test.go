@@ -219,7 +219,7 @@ func (failingGroups) Group(context.Context, string, string) (events.Group, error
 
 // What reading Hawk's events database adds to a batch on the hot path: a
 // batch of 1000 events over 100 groups, all cached (the steady state of
-// cmd/bench's workloads), against no events database at all.
+// tools/bench's workloads), against no events database at all.
 func BenchmarkHandleWithEventsDB(b *testing.B) {
 	snap := compile(b, map[string][]rules.Spec{project: {
 		{ID: "new", IsEnabled: true, WhatToReceive: rules.OnlyNew, Channels: webhook()},

@@ -105,7 +105,7 @@ type readBuffered struct {
 func (c *readBuffered) Read(p []byte) (int, error) { return c.r.Read(p) }
 
 // Dial opens a named connection, as the Consumer and the Publisher do:
-// cmd/bench's bare consumer uses it too, so that its ceiling reads the
+// tools/bench's bare consumer uses it too, so that its ceiling reads the
 // socket as Klaxon does. ctx bounds the TCP connect and the handshake; the
 // name shows in the broker's connection list, which is how an operator (or
 // a test) finds and closes one connection.

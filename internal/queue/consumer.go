@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	mathrand "math/rand/v2"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -141,93 +139,6 @@ func (c *Consumer) release(b *Batch) {
 	delete(c.holds, b)
 }
 
-// Handler processes a batch. Returning nil settles the batch: every delivery
-// is acked except those marked with Batch.Requeue. Returning an error means
-// nothing in the batch was done (for example Redis is down): the Consumer
-// keeps the batch, waits (Backoff) and calls the handler again with the same
-// deliveries, as long as the channel lives and ctx is not cancelled.
-//
-// ctx is not cancelled when Consume's ctx is: the handlers in flight may
-// finish during a graceful stop, for up to StopGrace. It is cancelled at once
-// if the channel that delivered the batch dies, since the batch can no longer
-// be acked.
-//
-// With ConsumerConfig.Concurrency above 1, the handler runs on several
-// batches at once; each batch is still handled, retried and settled on its
-// own, as described above.
-type Handler func(ctx context.Context, b *Batch) error
-
-// Batch is a run of deliveries in the order the broker sent them.
-type Batch struct {
-	Deliveries []Delivery
-	// Attempt counts handler calls on this batch: 1, then 2 after an error, …
-	Attempt int
-	// ID names the batch across its attempts (a random number below 2^53),
-	// so that a handler can tell its own earlier attempt's writes from
-	// others' when an attempt failed after they landed.
-	ID int64
-
-	requeue []bool
-	done    bool   // handled, waiting for older batches (InOrder)
-	release func() // ConsumerConfig.Pipelined: lets the next batch be collected
-}
-
-// Release lets the consumer collect the next batch while this batch's
-// handler goes on (ConsumerConfig.Pipelined); a no-op otherwise, and after
-// the first call.
-func (b *Batch) Release() {
-	if b.release != nil {
-		b.release()
-	}
-}
-
-// Requeue marks delivery i to be nacked with requeue rather than acked when
-// the handler returns nil. The broker delivers it again, to any consumer,
-// with Redelivered set.
-func (b *Batch) Requeue(i int) {
-	if b.requeue == nil {
-		b.requeue = make([]bool, len(b.Deliveries))
-	}
-	b.requeue[i] = true
-}
-
-// Delivery is one message as the broker delivered it.
-type Delivery struct {
-	Body            []byte
-	MessageID       string
-	ContentType     string
-	ContentEncoding string
-	Headers         amqp.Table
-	Timestamp       time.Time
-	Exchange        string
-	RoutingKey      string
-	// Redelivered is set when the broker delivered this message before and
-	// did not get an ack for it (a crash, a lost connection, a requeue).
-	Redelivered bool
-	// DeliveryTag identifies the delivery on its channel; it is for logs and
-	// tests, since settling goes through the Batch.
-	DeliveryTag uint64
-}
-
-// Message returns the delivery as a Message for the default exchange and the
-// given queue: same body, headers (copied), id and content type. It is how a
-// message is passed on unchanged, e.g. to a dead-letter queue.
-func (d Delivery) Message(queue string) Message {
-	h := make(amqp.Table, len(d.Headers)+1)
-	for k, v := range d.Headers {
-		h[k] = v
-	}
-	return Message{
-		RoutingKey:      queue,
-		Body:            d.Body,
-		Headers:         h,
-		MessageID:       d.MessageID,
-		ContentType:     d.ContentType,
-		ContentEncoding: d.ContentEncoding,
-		Timestamp:       d.Timestamp,
-	}
-}
-
 // NewConsumer checks cfg and fills in its defaults. It does not connect.
 func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	if err := validateURL(cfg.URL); err != nil {
@@ -317,7 +228,7 @@ func (c *Consumer) Consume(ctx context.Context, handle Handler) error {
 
 	failures := 0
 	for {
-		consumed, err := c.session(ctx, hctx, handle)
+		consumed, err := c.runSession(ctx, hctx, handle)
 		if ctx.Err() != nil {
 			c.state.setDown(nil)
 			return nil
@@ -333,11 +244,11 @@ func (c *Consumer) Consume(ctx context.Context, handle Handler) error {
 	}
 }
 
-// session is one connection's life: connect, consume, handle batches until
+// runSession is one connection's life: connect, consume, handle batches until
 // the channel dies (returns the cause) or ctx ends (returns nil after the
 // graceful stop). consumed tells whether it got as far as consuming, which
 // resets the reconnect backoff.
-func (c *Consumer) session(ctx, hctx context.Context, handle Handler) (consumed bool, err error) {
+func (c *Consumer) runSession(ctx, hctx context.Context, handle Handler) (consumed bool, err error) {
 	conn, err := Dial(ctx, c.cfg.URL, c.cfg.ConnectionName)
 	if err != nil {
 		return false, fmt.Errorf("connect: %w", err)
@@ -390,10 +301,10 @@ func (c *Consumer) session(ctx, hctx context.Context, handle Handler) (consumed 
 	}
 }
 
-// consumeConcurrently is session's loop for Concurrency above 1: it collects
-// a batch whenever fewer than Concurrency are in flight and hands each to
-// one of Concurrency handler goroutines, which retries and settles that
-// batch alone, just as the one-at-a-time loop does. However the session
+// consumeConcurrently is runSession's loop for Concurrency above 1: it
+// collects a batch whenever fewer than Concurrency are in flight and hands
+// each to one of Concurrency handler goroutines, which retries and settles
+// that batch alone, just as the one-at-a-time loop does. However the session
 // ends, it returns only once every handler has: on a graceful stop after
 // they finished (StopGrace), otherwise after kill closed the connection,
 // which cancels their contexts.
@@ -576,304 +487,4 @@ func countTrue(bs []bool) int {
 		}
 	}
 	return n
-}
-
-// session is one channel's consuming state. Everything here refers to that
-// channel only; a new connection gets a new session.
-type session struct {
-	ch         *amqp.Channel
-	tag        string
-	deliveries <-chan []amqp.Delivery // the feeder's
-	feeder     *feeder
-	rest       []amqp.Delivery // taken from deliveries, not in a batch yet
-	closes     chan *amqp.Error
-	cancels    chan string // the broker cancelled the consumer (queue deleted)
-
-	deadCtx    context.Context // done when the channel has closed
-	markDead   context.CancelFunc
-	closeErr   error // set before deadCtx is done
-	watcherEnd chan struct{}
-
-	timer *time.Timer
-
-	// inflight holds the batches handed to the handler and not settled yet,
-	// in tag order (the order they were collected in).
-	mu       sync.Mutex
-	inflight []*Batch
-	inOrder  bool // ConsumerConfig.InOrder
-}
-
-func newSession(ch *amqp.Channel) *session {
-	s := &session{
-		ch:         ch,
-		closes:     ch.NotifyClose(make(chan *amqp.Error, 1)),
-		cancels:    ch.NotifyCancel(make(chan string, 1)),
-		watcherEnd: make(chan struct{}),
-	}
-	s.deadCtx, s.markDead = context.WithCancel(context.Background())
-	go func() {
-		defer close(s.watcherEnd)
-		// Sent on an abnormal close, closed without a value on a clean one;
-		// either way the channel is done.
-		e, ok := <-s.closes
-		if ok && e != nil {
-			s.closeErr = fmt.Errorf("channel closed: %w", e)
-		} else {
-			s.closeErr = amqp.ErrClosed
-		}
-		s.markDead()
-	}()
-	return s
-}
-
-// wait returns once the watcher has seen the channel close; the session's
-// connection must be closing.
-func (s *session) wait() { <-s.watcherEnd }
-
-// cause says why the deliveries stopped. amqp091 reports a channel close or
-// a broker-side cancel before it closes the deliveries, so one of the two is
-// (about to be) ready. A channel that shuts down closes s.cancels too: that
-// is no cancel, and the close is the cause.
-func (s *session) cause() error {
-	if err := s.feeder.err(); err != nil { // set before deliveries closed
-		return err
-	}
-	select {
-	case <-s.deadCtx.Done():
-		return s.closeErr
-	case tag, ok := <-s.cancels:
-		if !ok {
-			<-s.deadCtx.Done()
-			return s.closeErr
-		}
-		return fmt.Errorf("broker cancelled consumer %s (queue deleted?)", tag)
-	}
-}
-
-// collect returns the next batch: it waits for a first delivery, then takes
-// whatever else is ready, waiting at most linger for a batch that is not
-// full. It returns (nil, true) when ctx ends first, and alive=false when the
-// deliveries stopped because the channel or the consumer is gone (the
-// partial batch is dropped: the broker redelivers it).
-func (s *session) collect(ctx context.Context, max int, linger time.Duration) (b *Batch, alive bool) {
-	if len(s.rest) == 0 {
-		select {
-		case <-ctx.Done():
-			return nil, true
-		case ds, ok := <-s.deliveries:
-			if !ok {
-				return nil, false
-			}
-			s.rest = ds
-		}
-	}
-	items := make([]Delivery, 0, min(max, len(s.rest)))
-	// take moves into the batch what it has room for of s.rest.
-	take := func() {
-		n := min(max-len(items), len(s.rest))
-		for _, d := range s.rest[:n] {
-			items = append(items, fromAMQP(d))
-		}
-		clear(s.rest[:n])
-		s.rest = s.rest[n:]
-	}
-	take()
-
-	lingering := false
-	for len(items) < max {
-		select {
-		case ds, ok := <-s.deliveries:
-			if !ok {
-				return nil, false
-			}
-			s.rest = ds
-			take()
-			continue
-		default:
-		}
-		if linger < 0 {
-			break
-		}
-		if !lingering {
-			lingering = true
-			if s.timer == nil {
-				s.timer = time.NewTimer(linger)
-			} else {
-				s.timer.Reset(linger)
-			}
-		}
-		select {
-		case ds, ok := <-s.deliveries:
-			if !ok {
-				s.timer.Stop()
-				return nil, false
-			}
-			s.rest = ds
-			take()
-			continue
-		case <-s.timer.C:
-		case <-ctx.Done():
-			s.timer.Stop()
-		}
-		lingering = false
-		break
-	}
-	if lingering {
-		s.timer.Stop()
-	}
-	return &Batch{Deliveries: items, ID: mathrand.Int64N(1<<53-1) + 1}, true
-}
-
-func fromAMQP(d amqp.Delivery) Delivery {
-	return Delivery{
-		Body:            d.Body,
-		MessageID:       d.MessageId,
-		ContentType:     d.ContentType,
-		ContentEncoding: d.ContentEncoding,
-		Headers:         d.Headers,
-		Timestamp:       d.Timestamp,
-		Exchange:        d.Exchange,
-		RoutingKey:      d.RoutingKey,
-		Redelivered:     d.Redelivered,
-		DeliveryTag:     d.DeliveryTag,
-	}
-}
-
-// track records b as handed to the handler, not settled yet.
-func (s *session) track(b *Batch) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.inflight = append(s.inflight, b)
-}
-
-// settle acks or requeues every delivery of b, as the handler decided. A
-// multiple flag covers every unsettled tag up to its own, so it is used only
-// when b is the oldest batch in flight: then every tag below b's is settled.
-// A younger batch, done while an older one is still in the handler, settles
-// each delivery on its own. The lock keeps each batch's frames together and
-// in order with the next batch's decision.
-func (s *session) settle(b *Batch) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.inOrder {
-		oldest := len(s.inflight) > 0 && s.inflight[0] == b
-		return s.send(b, oldest)
-	}
-	// InOrder: settle the done batches at the head, oldest first, each
-	// then the oldest in flight.
-	b.done = true
-	for len(s.inflight) > 0 && s.inflight[0].done {
-		if err := s.send(s.inflight[0], true); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// send settles b, with multiple flags if it is the oldest batch in flight,
-// and forgets it. s.mu is held.
-func (s *session) send(b *Batch, oldest bool) error {
-	for _, op := range planSettle(b.Deliveries, b.requeue, oldest) {
-		var err error
-		if op.ack {
-			err = s.ch.Ack(op.tag, op.multiple)
-		} else {
-			err = s.ch.Nack(op.tag, op.multiple, true)
-		}
-		if err != nil {
-			return err // the channel is gone: b stays, unsettled
-		}
-	}
-	s.inflight = slices.DeleteFunc(s.inflight, func(x *Batch) bool { return x == b })
-	var n int64
-	for _, d := range b.Deliveries {
-		n += int64(len(d.Body))
-	}
-	s.feeder.release(n)
-	return nil
-}
-
-// stop ends consuming gracefully: it cancels the consumer, waits for the
-// handlers in flight (wait, if not nil) to settle their own batches, then
-// gives back b (if any), the batches the handlers left unsettled, and every
-// delivery received but not handled, in one nack. The caller's deferred
-// close then requeues whatever was still on the wire.
-func (s *session) stop(b *Batch, wait func()) error {
-	// noWait: deliveries that cross the cancel are dropped client-side and
-	// requeued by the broker when the channel closes a moment later.
-	var err error
-	s.feeder.stopConsuming()
-	var last uint64
-	if b != nil {
-		last = b.Deliveries[len(b.Deliveries)-1].DeliveryTag
-	}
-	if len(s.rest) > 0 {
-		last = s.rest[len(s.rest)-1].DeliveryTag
-	}
-	for ds := range s.deliveries { // closes once the buffered deliveries are out
-		last = ds[len(ds)-1].DeliveryTag
-	}
-	if wait != nil {
-		// The nack below covers every unsettled tag up to last, which
-		// would include the batches still in the handlers.
-		wait()
-	}
-	s.mu.Lock()
-	for _, ib := range slices.Clone(s.inflight) {
-		if ib.done { // handled, waiting behind one given up on (InOrder)
-			if err == nil {
-				err = s.send(ib, false)
-			}
-			continue
-		}
-		for _, d := range ib.Deliveries { // given up on when ctx ended
-			last = max(last, d.DeliveryTag)
-		}
-	}
-	s.mu.Unlock()
-	if err == nil && last > 0 {
-		err = s.ch.Nack(last, true, true)
-	}
-	if err != nil {
-		return fmt.Errorf("stop consuming: %w", err)
-	}
-	return nil
-}
-
-// settleOp is one basic.ack or basic.nack(requeue).
-type settleOp struct {
-	tag      uint64
-	ack      bool
-	multiple bool
-}
-
-// planSettle turns per-delivery outcomes into as few frames as possible: one
-// multiple-ack or multiple-nack per run of equal outcomes, in tag order. A
-// multiple flag covers every unsettled tag up to its own, which is exactly
-// the run when earlier runs and batches are settled first: the caller says
-// so with multiple. Without it, or should tags ever not be increasing, each
-// delivery is settled on its own.
-func planSettle(ds []Delivery, requeue []bool, multiple bool) []settleOp {
-	requeued := func(i int) bool { return i < len(requeue) && requeue[i] }
-	increasing := true
-	for i := 1; i < len(ds); i++ {
-		if ds[i].DeliveryTag <= ds[i-1].DeliveryTag {
-			increasing = false
-		}
-	}
-	if !multiple || !increasing {
-		ops := make([]settleOp, len(ds))
-		for j, d := range ds {
-			ops[j] = settleOp{tag: d.DeliveryTag, ack: !requeued(j)}
-		}
-		return ops
-	}
-	var ops []settleOp
-	for i := range ds {
-		if i+1 < len(ds) && requeued(i+1) == requeued(i) {
-			continue // the run goes on
-		}
-		ops = append(ops, settleOp{tag: ds[i].DeliveryTag, ack: !requeued(i), multiple: true})
-	}
-	return ops
 }

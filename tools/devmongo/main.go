@@ -3,8 +3,8 @@
 // files in a directory. The official MongoDB drivers, mongosh and the Klaxon
 // worker talk to it unchanged.
 //
-//	go run ./cmd/devmongo                      # 127.0.0.1:27017, data in ./.data/ferretdb
-//	go run ./cmd/devmongo -listen 127.0.0.1:27018 -dir /tmp/klaxon-mongo
+//	go run ./tools/devmongo                      # 127.0.0.1:27017, data in ./.data/ferretdb
+//	go run ./tools/devmongo -listen 127.0.0.1:27018 -dir /tmp/klaxon-mongo
 //
 // Settings: -listen [127.0.0.1:27017] (env KLAXON_DEVMONGO_LISTEN) and
 // -dir [./.data/ferretdb] (env KLAXON_DEVMONGO_DIR); a flag wins over its

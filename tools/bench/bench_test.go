@@ -619,7 +619,7 @@ func TestPacerPublishesAsAsked(t *testing.T) {
 		}, &sent); err != nil {
 			t.Fatal(err)
 		}
-		ch, err := br.conn.Channel()
+		ch, err := br.Conn.Channel()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -19,7 +19,7 @@ import (
 // every firing notified once, none twice but for the kills' repeats.
 // KLAXON_TEST_CHAOS_EVENTS [6000, at 300/s] sizes the run.
 //
-//	KLAXON_TEST_SENTINEL=1 KLAXON_TEST_CHAOS_EVENTS=20000 KLAXON_TEST_CHAOS_WAIT=0 go test -run TestChaosSentinelFailovers -v ./cmd/chaos
+//	KLAXON_TEST_SENTINEL=1 KLAXON_TEST_CHAOS_EVENTS=20000 KLAXON_TEST_CHAOS_WAIT=0 go test -run TestChaosSentinelFailovers -v ./tools/chaos
 func TestChaosSentinelFailovers(t *testing.T) {
 	testenv.SentinelPhase(t)
 	s := testenv.StartSentinel(t)
@@ -41,7 +41,7 @@ func TestChaosSentinelFailovers(t *testing.T) {
 // between random masters of a cluster of the test's own) while workers
 // count and are killed: every firing notified once.
 //
-//	KLAXON_TEST_RESHARD=1 KLAXON_TEST_CHAOS_EVENTS=20000 go test -run TestChaosReshard -v ./cmd/chaos
+//	KLAXON_TEST_RESHARD=1 KLAXON_TEST_CHAOS_EVENTS=20000 go test -run TestChaosReshard -v ./tools/chaos
 func TestChaosReshard(t *testing.T) {
 	testenv.ReshardPhase(t)
 	c := testenv.StartCluster(t)

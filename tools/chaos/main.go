@@ -10,7 +10,7 @@
 // and compares the notification ids it receives with the model's:
 //
 //	go build -o /tmp/klaxon-worker ./cmd/worker
-//	go run ./cmd/chaos -worker /tmp/klaxon-worker -events 30000 -groups 500
+//	go run ./tools/chaos -worker /tmp/klaxon-worker -events 30000 -groups 500
 //
 // The exit status is 0 when nothing was missed, nothing extra arrived, no
 // body was wrong and no worker exited by itself; 1 otherwise; 2 when the

@@ -1,5 +1,5 @@
 // Command demo runs Klaxon end to end on this machine: it starts a MongoDB
-// stand-in of its own (cmd/devmongo, on a free port, its data in a
+// stand-in of its own (tools/devmongo, on a free port, its data in a
 // temporary directory), stores a Hawk project with two rules there, runs
 // the worker binary, publishes sample events to RabbitMQ and prints the
 // notifications as a local webhook and a local SMTP server get them.

@@ -47,7 +47,7 @@ func TestExactlyOneNotificationUnderCrashes(t *testing.T) {
 		Dir:             dir,
 		Log:             slog.New(slog.NewTextHandler(testWriter{t}, nil)),
 	}
-	t.Logf("seed %d (go run ./cmd/chaos -seed %d -events 5000 -groups 150 -rate 500 reproduces the events)", seed, seed)
+	t.Logf("seed %d (go run ./tools/chaos -seed %d -events 5000 -groups 150 -rate 500 reproduces the events)", seed, seed)
 	res, err := Run(context.Background(), cfg)
 	if err != nil {
 		dumpLogs(t, dir)

@@ -4,23 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/klaxonhq/klaxon/internal/queue"
+	"github.com/klaxonhq/klaxon/tools/internal/rabbit"
 )
 
-// broker is the bench's own access to RabbitMQ: a Publisher declares, fills
-// and deletes queues; a plain connection does what a Publisher does not
-// (consume, purge, publish paced without waiting for confirms, poll depths).
-type broker struct {
-	*queue.Publisher
-	conn *amqp.Connection
-	poll *amqp.Channel // ready's, used from one goroutine at a time
-}
+// broker is the bench's own access to RabbitMQ: the Publisher declares,
+// fills and deletes queues; the plain connection does what a Publisher does
+// not (consume, purge, publish paced without waiting for confirms, poll
+// depths).
+type broker struct{ *rabbit.Broker }
 
 // amqpPort is the TCP port of the broker at url (amqp091's defaults when
 // it names none), 0 when url does not parse: how the bench tells its broker
@@ -35,51 +32,29 @@ func amqpPort(url string) uint64 {
 
 // The queues it declares are of type typ.
 func dialBroker(url string, typ queue.Type) (*broker, error) {
-	pub, err := queue.NewPublisher(queue.PublisherConfig{URL: url, ConnectionName: "klaxon-bench", QueueType: typ,
-		Logger: slog.New(slog.DiscardHandler)}) // its failures come back as errors
+	b, err := rabbit.Dial(url, "klaxon-bench", typ)
 	if err != nil {
 		return nil, err
 	}
-	conn, err := queue.Dial(context.Background(), url, "klaxon-bench")
-	if err != nil {
-		_ = pub.Close()
-		return nil, fmt.Errorf("connect to RabbitMQ: %w", err)
-	}
-	return &broker{Publisher: pub, conn: conn}, nil
-}
-
-// Close closes both connections.
-func (b *broker) Close() error {
-	return errors.Join(b.Publisher.Close(), b.conn.Close())
+	return &broker{b}, nil
 }
 
 // version is RabbitMQ's version as it announced it.
 func (b *broker) version() string {
-	v, _ := b.conn.Properties["version"].(string)
+	v, _ := b.Conn.Properties["version"].(string)
 	return v
 }
 
 // ready is how many messages the queue holds ready. The bench polls it every
-// 20 ms while it measures, so it keeps one channel: a channel opened per poll
-// (Publisher.Depth) would add to the broker CPU being measured.
+// 20 ms while it measures (Inspect keeps one channel for it).
 func (b *broker) ready(name string) (int, error) {
-	if b.poll == nil || b.poll.IsClosed() {
-		ch, err := b.conn.Channel()
-		if err != nil {
-			return 0, fmt.Errorf("open channel: %w", err)
-		}
-		b.poll = ch
-	}
-	q, err := b.poll.QueueDeclarePassive(name, true, false, false, false, nil)
-	if err != nil {
-		return 0, fmt.Errorf("inspect queue %s: %w", name, err)
-	}
-	return q.Messages, nil
+	q, err := b.Inspect(name)
+	return q.Messages, err
 }
 
 // purge empties a queue.
 func (b *broker) purge(name string) error {
-	ch, err := b.conn.Channel()
+	ch, err := b.Conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
@@ -115,7 +90,7 @@ func (b *broker) hashed(ctx context.Context, exchange string, queues []string, a
 	if err := b.DeclareHashExchange(ctx, exchange); err != nil {
 		return err
 	}
-	ch, err := b.conn.Channel()
+	ch, err := b.Conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
@@ -135,7 +110,7 @@ func (b *broker) hashed(ctx context.Context, exchange string, queues []string, a
 func (b *broker) deleteExchanges(names ...string) error {
 	var errs []error
 	for _, name := range names {
-		ch, err := b.conn.Channel()
+		ch, err := b.Conn.Channel()
 		if err != nil {
 			return errors.Join(append(errs, fmt.Errorf("open channel: %w", err))...)
 		}
@@ -164,7 +139,7 @@ func (s span) seconds() float64 { return s.last.Sub(s.first).Seconds() }
 // first delivery, before handle.
 func (b *broker) consumeAll(ctx context.Context, name string, n, prefetch int, onFirst func(),
 	handle func(ctx context.Context, ch *amqp.Channel, d *amqp.Delivery, last bool) error) (span, error) {
-	return consumeOn(ctx, b.conn, name, n, prefetch, onFirst, handle)
+	return consumeOn(ctx, b.Conn, name, n, prefetch, onFirst, handle)
 }
 
 // consumeOn is consumeAll on the connection conn.
@@ -226,7 +201,7 @@ type pacer struct {
 // run publishes total messages made by msg(i), called at the moment message
 // i is due (so it can stamp it).
 func (p pacer) run(ctx context.Context, b *broker, msg func(i int) queue.Message, sent *atomic.Int64) error {
-	ch, err := b.conn.Channel()
+	ch, err := b.Conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"time"
 
@@ -72,4 +73,38 @@ func (h *hawkBaseline) handle(ctx context.Context, ch *amqp.Channel, d *amqp.Del
 		}
 	}
 	return ch.Ack(d.DeliveryTag, false)
+}
+
+// runHawk consumes the queue the way Hawk's notifier does (see hawkBaseline).
+func (b *bench) runHawk(ctx context.Context) (Result, error) {
+	res := Result{System: "hawk", Queues: 1, Events: b.o.events, Consumed: b.o.events}
+	h, err := newHawkBaseline(ctx, b.rdb, b.rulesYML, b.prefix+":hawk", b.prefix+".hawk-out")
+	if err != nil {
+		return res, err
+	}
+	if err := b.br.Declare(ctx, h.out, nil); err != nil {
+		return res, err
+	}
+	if err := b.fill(ctx, "Hawk-style"); err != nil {
+		return res, err
+	}
+	m := b.meter(os.Getpid())
+	if err := m.begin(ctx); err != nil {
+		return res, err
+	}
+	done := b.prog.phase("Hawk-style", int64(b.o.events))
+	sp, err := b.br.consumeAll(ctx, b.queue, b.o.events, 1000, nil, func(ctx context.Context, ch *amqp.Channel, d *amqp.Delivery, _ bool) error {
+		done.Add(1)
+		return h.handle(ctx, ch, d)
+	})
+	if err != nil {
+		return res, err
+	}
+	if err := m.finish(ctx, &res, res.Events); err != nil {
+		return res, err
+	}
+	res.Seconds = sp.seconds()
+	res.EventsPerSec = float64(res.Events) / res.Seconds
+	res.Notifications = int64(h.fired)
+	return res, nil
 }

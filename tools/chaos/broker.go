@@ -3,50 +3,27 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"log/slog"
-	"sync"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/wire"
+	"github.com/klaxonhq/klaxon/tools/internal/rabbit"
 )
 
-// broker is the tool's own access to RabbitMQ: a Publisher declares,
-// publishes the events, counts ready messages and deletes queues; a plain
-// connection counts consumers and peeks at messages.
-type broker struct {
-	*queue.Publisher
-	conn *amqp.Connection
-
-	mu sync.Mutex
-	ch *amqp.Channel // for consumers; replaced when a declare fails
-}
+// broker is the tool's own access to RabbitMQ: the Publisher declares,
+// publishes the events, counts ready messages and deletes queues; the
+// plain connection counts consumers and peeks at messages.
+type broker struct{ *rabbit.Broker }
 
 func dialBroker(url string) (*broker, error) {
-	pub, err := queue.NewPublisher(queue.PublisherConfig{URL: url, ConnectionName: "klaxon-chaos",
-		Logger: slog.New(slog.DiscardHandler)}) // its failures come back as errors
+	b, err := rabbit.Dial(url, "klaxon-chaos", "") // queues of the default type
 	if err != nil {
 		return nil, err
 	}
-	conn, err := amqp.DialConfig(url, amqp.Config{
-		Dial:       amqp.DefaultDial(5 * time.Second),
-		Properties: amqp.Table{"connection_name": "klaxon-chaos"},
-	})
-	if err != nil {
-		_ = pub.Close()
-		return nil, fmt.Errorf("connect to RabbitMQ: %w", err)
-	}
-	return &broker{Publisher: pub, conn: conn}, nil
-}
-
-// Close closes both connections.
-func (b *broker) Close() error {
-	return errors.Join(b.Publisher.Close(), b.conn.Close())
+	return &broker{b}, nil
 }
 
 // publish publishes msgs to the queue name, each with its message-id, at
@@ -89,23 +66,10 @@ func (b *broker) depth(ctx context.Context, name string) (int, error) {
 	return b.Depth(ctx, name)
 }
 
-// consumers is how many consumers queue has: a passive declare, on a
-// channel kept for it while it lasts.
+// consumers is how many consumers queue has.
 func (b *broker) consumers(name string) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.ch == nil || b.ch.IsClosed() {
-		ch, err := b.conn.Channel()
-		if err != nil {
-			return 0, fmt.Errorf("open channel: %w", err)
-		}
-		b.ch = ch
-	}
-	q, err := b.ch.QueueDeclarePassive(name, true, false, false, false, nil)
-	if err != nil {
-		return 0, fmt.Errorf("inspect %s: %w", name, err)
-	}
-	return q.Consumers, nil
+	q, err := b.Inspect(name)
+	return q.Consumers, err
 }
 
 // depths sums the ready messages of the queues, naming the first non-empty one.
@@ -127,7 +91,7 @@ func (b *broker) depths(ctx context.Context, names []string) (int, string, error
 // peek describes up to n messages of queue without taking them: their ids
 // and delivery attempt, to say what holds a run up.
 func (b *broker) peek(name string, n int) ([]string, error) {
-	ch, err := b.conn.Channel()
+	ch, err := b.Conn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("open channel: %w", err)
 	}
