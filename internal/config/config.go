@@ -28,9 +28,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/connstring"
 
-	"github.com/klaxonhq/klaxon/internal/notify/email"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/seal"
+	"github.com/klaxonhq/klaxon/internal/smtptls"
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
@@ -124,7 +124,7 @@ const (
 	defaultPrefix       = "klaxon"
 	defaultHTTPAddr     = "127.0.0.1:9464"
 	defaultSMTPFrom     = "klaxon@localhost"
-	defaultSMTPTLS      = email.TLSStartTLS
+	defaultSMTPTLS      = smtptls.StartTLS
 	defaultTelegramAPI  = "https://api.telegram.org"
 	defaultLogLevel     = "info"
 	defaultRole         = string(RoleAll)
@@ -285,7 +285,7 @@ type Config struct {
 	SMTPUsername    string        // KLAXON_SMTP_USERNAME; "" = no SMTP AUTH
 	SMTPPassword    string        // KLAXON_SMTP_PASSWORD
 	SMTPFrom        string        // KLAXON_SMTP_FROM, an RFC 5322 address
-	SMTPTLS         email.TLSMode // KLAXON_SMTP_TLS
+	SMTPTLS         smtptls.Mode  // KLAXON_SMTP_TLS
 	TelegramToken   string        // KLAXON_TELEGRAM_TOKEN; "" = Telegram channel not configured
 	TelegramAPI     string        // KLAXON_TELEGRAM_API_URL, without a trailing slash
 	LogLevel        slog.Level    // KLAXON_LOG_LEVEL
@@ -957,8 +957,8 @@ func (l *loader) smtp(c *Config) {
 
 	c.SMTPTLS = defaultSMTPTLS
 	if s := l.lookup(EnvSMTPTLS, "", false); s.set() {
-		switch m := email.TLSMode(strings.ToLower(s.value)); m {
-		case email.TLSNone, email.TLSStartTLS, email.TLSImplicit:
+		switch m := smtptls.Mode(strings.ToLower(s.value)); m {
+		case smtptls.None, smtptls.StartTLS, smtptls.Implicit:
 			c.SMTPTLS = m
 		default:
 			l.fail(s, fmt.Sprintf("%q is not one of none, starttls, tls", s.value))
@@ -966,7 +966,7 @@ func (l *loader) smtp(c *Config) {
 		// The email channel refuses to send a password in clear beyond this
 		// machine; say so here, naming the variable, not when it is built.
 		host, _, err := net.SplitHostPort(c.SMTPAddr)
-		if c.SMTPTLS == email.TLSNone && c.SMTPUsername != "" && err == nil && !email.IsLocalhost(host) {
+		if c.SMTPTLS == smtptls.None && c.SMTPUsername != "" && err == nil && !smtptls.IsLocalhost(host) {
 			l.fail(s, fmt.Sprintf("%q would send %s in clear to %s: use starttls or tls (none is for a relay on localhost)",
 				s.value, EnvSMTPPassword, host))
 		}
