@@ -103,8 +103,8 @@ func TestVariablesDefaultsMatchLoad(t *testing.T) {
 			t.Errorf("%s listed twice", v.Name)
 		}
 		seen[v.Name], seen[v.Alias] = true, v.Alias != ""
-		if v.Usage == "" {
-			t.Errorf("%s has no usage", v.Name)
+		if v.Doc == "" {
+			t.Errorf("%s has no doc", v.Name)
 		}
 		if v.Default == "" {
 			continue
