@@ -102,11 +102,41 @@ func checkNames(t *testing.T, where string, env map[string]string) {
 // constant of internal/config (what Load reads), and nothing else, or a
 // valid variable is refused here and a dropped one still accepted.
 func TestVariablesMatchEnvConstants(t *testing.T) {
-	fset := token.NewFileSet()
-	f, err := parser.ParseFile(fset, "../internal/config/config.go", nil, 0)
+	files, err := filepath.Glob("../internal/config/*.go")
 	if err != nil {
 		t.Fatal(err)
 	}
+	fset := token.NewFileSet()
+	var consts []string
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		consts = append(consts, envConstants(f)...)
+	}
+	var listed []string
+	for _, v := range config.Variables() {
+		listed = append(listed, v.Name)
+	}
+	slices.Sort(consts)
+	slices.Sort(listed)
+	if len(consts) < 20 || !slices.Equal(consts, listed) {
+		t.Errorf("Env* constants of internal/config %v\ndiffer from config.Variables() %v", consts, listed)
+	}
+	documented := documentedVariables(t)
+	for _, v := range config.Variables() {
+		if !documented[v.Name] || (v.Alias != "" && !documented[v.Alias]) {
+			t.Errorf("%s (alias %q) is missing from docs/configuration.md's table", v.Name, v.Alias)
+		}
+	}
+}
+
+// envConstants are the values of the string constants named Env* in f.
+func envConstants(f *ast.File) []string {
 	var consts []string
 	ast.Inspect(f, func(n ast.Node) bool {
 		vs, ok := n.(*ast.ValueSpec)
@@ -124,21 +154,7 @@ func TestVariablesMatchEnvConstants(t *testing.T) {
 		}
 		return true
 	})
-	var listed []string
-	for _, v := range config.Variables() {
-		listed = append(listed, v.Name)
-	}
-	slices.Sort(consts)
-	slices.Sort(listed)
-	if len(consts) < 20 || !slices.Equal(consts, listed) {
-		t.Errorf("Env* constants of config.go %v\ndiffer from config.Variables() %v", consts, listed)
-	}
-	documented := documentedVariables(t)
-	for _, v := range config.Variables() {
-		if !documented[v.Name] || (v.Alias != "" && !documented[v.Alias]) {
-			t.Errorf("%s (alias %q) is missing from docs/configuration.md's table", v.Name, v.Alias)
-		}
-	}
+	return consts
 }
 
 // checkVariables checks the names and that config.Load accepts the values

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -186,23 +185,19 @@ func newFiring(ev *counter.Event, m *event.Message, o *counter.Outcome, line int
 
 func (a *app) backtest(ctx context.Context, args []string) int {
 	const cmd = "backtest"
-	fset := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	eventsFile := fset.String("events", "", "NDJSON file of incoming messages, each with event.timestamp (required)")
-	rulesFile := fset.String("rules", "", "YAML rules file [KLAXON_RULES_FILE, else MongoDB]")
-	asJSON := fset.Bool("json", false, "print the firings and per-rule totals as one JSON object")
-	rest, code, done := a.parse(fset, args, backtestUsage)
-	if done {
+	run := a.command(cmd, backtestUsage)
+	eventsFile := run.flags.String("events", "", "NDJSON file of incoming messages, each with event.timestamp (required)")
+	rulesFile := run.flags.String("rules", "", "YAML rules file [KLAXON_RULES_FILE, else MongoDB]")
+	asJSON := run.flags.Bool("json", false, "print the firings and per-rule totals as one JSON object")
+	if code, done := run.parse(args); done {
 		return code
-	}
-	if len(rest) > 0 {
-		return a.usageError(cmd, "unexpected argument %q", rest[0])
 	}
 	if *eventsFile == "" {
 		return a.usageError(cmd, "--events is required")
 	}
-	cfg, ok := a.config(cmd)
-	if !ok {
-		return exitUsage
+	cfg, code, done := run.config()
+	if done {
+		return code
 	}
 	snap, _, err := readRules(ctx, cfg, *rulesFile)
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -126,16 +125,19 @@ type deliveryRecord struct {
 
 func (a *app) explain(ctx context.Context, args []string) int {
 	const cmd = "explain"
-	fset := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	project := fset.String("project", "", "project id (required, unless --event gives it)")
-	ruleID := fset.String("rule", "", "rule id (required)")
-	group := fset.String("group", "", "group hash (event.groupHash)")
-	title := fset.String("title", "", "event title, to check the match with --group")
-	isNew := fset.Bool("new", false, "with --title: the event is the first of its group (isNew)")
-	eventFile := fset.String("event", "", "a sample incoming message (JSON): gives project, group, title and isNew")
-	rulesFile := fset.String("rules", "", "YAML rules file [KLAXON_RULES_FILE, else MongoDB]")
-	asJSON := fset.Bool("json", false, "print the explanation as one JSON object")
-	rest, code, done := a.parse(fset, args, explainUsage)
+	run := a.command(cmd, explainUsage).withRedis()
+	defer run.close()
+	project := run.flags.String("project", "", "project id (required, unless --event gives it)")
+	ruleID := run.flags.String("rule", "", "rule id (required)")
+	group := run.flags.String("group", "", "group hash (event.groupHash)")
+	title := run.flags.String("title", "", "event title, to check the match with --group")
+	isNew := run.flags.Bool("new", false, "with --title: the event is the first of its group (isNew)")
+	eventFile := run.flags.String("event", "", "a sample incoming message (JSON): gives project, group, title and isNew")
+	rulesFile := run.flags.String("rules", "", "YAML rules file [KLAXON_RULES_FILE, else MongoDB]")
+	asJSON := run.flags.Bool("json", false, "print the explanation as one JSON object")
+	// The event is read before the other arguments are judged: it may give
+	// the project and the group.
+	rest, code, done := run.parseArgs(args)
 	if done {
 		return code
 	}
@@ -168,21 +170,16 @@ func (a *app) explain(ctx context.Context, args []string) int {
 	case *project == "" || *ruleID == "" || *group == "":
 		return a.usageError(cmd, "--project, --rule and --group (or --event) are required")
 	}
-	cfg, rule, code, done := a.ruleOf(ctx, cmd, *rulesFile, *project, *ruleID)
+	cfg, rule, code, done := run.rule(ctx, *rulesFile, *project, *ruleID)
 	if done {
 		return code
 	}
-	rdb, err := redisClient(cfg)
-	if err != nil {
-		return a.fail(cmd, err)
-	}
-	defer rdb.Close()
 
 	x := explanation{ProjectID: rule.ProjectID, RuleID: rule.ID, Rule: rule.Description, GroupHash: *group, Match: match}
 	if match != nil {
 		match.Matches, match.Reason = rule.Explain(match.Title, match.IsNew)
 	}
-	outs, now, err := counter.New(rdb, counter.Options{Prefix: cfg.Prefix, DedupTTL: cfg.DedupTTL}).
+	outs, now, err := counter.New(run.rdb, counter.Options{Prefix: cfg.Prefix, DedupTTL: cfg.DedupTTL}).
 		Inspect(ctx, rule.ProjectID, *group, []*rules.Rule{rule})
 	if err != nil {
 		return a.fail(cmd, err)
@@ -195,7 +192,7 @@ func (a *app) explain(ctx context.Context, args []string) int {
 		for i, c := range rule.Channels {
 			names[i] = c.Name
 		}
-		ds, err := deliverer.Inspect(ctx, rdb, cfg.Prefix, rule.ProjectID, rule.ID, fired.ID, names)
+		ds, err := deliverer.Inspect(ctx, run.rdb, cfg.Prefix, rule.ProjectID, rule.ID, fired.ID, names)
 		if err != nil {
 			return a.fail(cmd, err)
 		}
@@ -204,7 +201,7 @@ func (a *app) explain(ctx context.Context, args []string) int {
 		}
 		x.LastFiring = fired
 	}
-	snoozes, err := snooze.New(rdb, cfg.Prefix).List(ctx, rule.ProjectID)
+	snoozes, err := snooze.New(run.rdb, cfg.Prefix).List(ctx, rule.ProjectID)
 	if err != nil {
 		return a.fail(cmd, err)
 	}
@@ -214,7 +211,7 @@ func (a *app) explain(ctx context.Context, args []string) int {
 		}
 	}
 
-	x.Needs, err = needs(ctx, rdb, cfg.Prefix, rule, sample, now)
+	x.Needs, err = needs(ctx, run.rdb, cfg.Prefix, rule, sample, now)
 	if err != nil {
 		return a.fail(cmd, err)
 	}
@@ -388,15 +385,6 @@ func findRule(ctx context.Context, cfg config.Config, file, project, ruleID stri
 		}
 	}
 	return nil, errors.New(why)
-}
-
-// redisClient is a client of the worker's Redis.
-func redisClient(cfg config.Config) (redis.UniversalClient, error) {
-	opts, err := cfg.RedisOptions()
-	if err != nil {
-		return nil, err
-	}
-	return opts.NewClient(), nil
 }
 
 // snoozeScope says what a snooze holds back beyond its rule.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"net/mail"
 	"net/url"
@@ -101,13 +100,13 @@ func (a *app) failed(ctx context.Context, args []string) int {
 	}
 	sub, args := args[0], args[1:]
 	cmd := "failed " + sub
-	fset := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	asJSON := fset.Bool("json", false, "print JSON")
+	run := a.command(cmd, failedUsage)
+	asJSON := run.flags.Bool("json", false, "print JSON")
 	all := false
 	if sub == "replay" {
-		fset.BoolVar(&all, "all", false, "replay every message of the failed queue")
+		run.flags.BoolVar(&all, "all", false, "replay every message of the failed queue")
 	}
-	ids, code, done := a.parse(fset, args, failedUsage)
+	ids, code, done := run.parseArgs(args)
 	if done {
 		return code
 	}
@@ -125,9 +124,9 @@ func (a *app) failed(ctx context.Context, args []string) int {
 	case sub == "replay" && (len(ids) == 0) == !all:
 		return a.usageError(cmd, "give IDs or --all, not both and not neither")
 	}
-	cfg, ok := a.config(cmd)
-	if !ok {
-		return exitUsage
+	cfg, code, done := run.config()
+	if done {
+		return code
 	}
 	conn, err := amqp.DialConfig(cfg.AMQPURL, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second),
 		Properties: amqp.Table{"connection_name": "klaxon " + cmd}})

@@ -25,18 +25,12 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
-	"time"
 
-	"github.com/klaxonhq/klaxon/internal/config"
-	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/suggest"
 	"github.com/klaxonhq/klaxon/internal/version"
 )
@@ -146,101 +140,4 @@ func (a *app) run(ctx context.Context, args []string) int {
 
 func isHelp(arg string) bool {
 	return arg == "-h" || arg == "-help" || arg == "--help"
-}
-
-// parse parses args with fs, flags and positional arguments in any order,
-// and returns the positional ones. done is true when the caller must return
-// code: help was asked for (printed on stdout, 0), or the arguments are
-// wrong (said on stderr in one line with where to find help, 2).
-func (a *app) parse(fs *flag.FlagSet, args []string, text string) (positional []string, code int, done bool) {
-	fs.SetOutput(io.Discard)
-	for {
-		err := fs.Parse(args)
-		switch {
-		case errors.Is(err, flag.ErrHelp):
-			fmt.Fprint(a.stdout, text)
-			printFlags(a.stdout, fs)
-			return nil, exitOK, true
-		case err != nil:
-			// The flag package names flags with one dash; the usage texts,
-			// with two.
-			msg := strings.ReplaceAll(err.Error(), " -", " --")
-			if _, name, ok := strings.Cut(msg, " for flag --"); ok {
-				name, _, _ = strings.Cut(name, ":")
-				if g, ok := fs.Lookup(name).Value.(flag.Getter); ok {
-					if _, isDuration := g.Get().(time.Duration); isDuration {
-						msg += " (want a duration such as 90s, 30m, 2h or 1h30m)"
-					}
-				}
-			}
-			return nil, a.usageError(fs.Name(), "%s", msg), true
-		}
-		if fs.NArg() == 0 {
-			return positional, exitOK, false
-		}
-		// The standard flag package stops at the first argument that is no
-		// flag: go on after it, so "check rules.yml --strict" works too.
-		positional = append(positional, fs.Arg(0))
-		args = fs.Args()[1:]
-	}
-}
-
-// printFlags lists the flags of fs as the usage texts write them, with two
-// dashes (the flag package takes either).
-func printFlags(w io.Writer, fs *flag.FlagSet) {
-	fs.VisitAll(func(f *flag.Flag) {
-		name, usage := flag.UnquoteUsage(f)
-		line := "  --" + f.Name
-		if name != "" {
-			line += " " + name
-		}
-		fmt.Fprintf(w, "%s\n    \t%s", line, strings.ReplaceAll(usage, "\n", "\n    \t"))
-		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" && f.DefValue != "0s" {
-			fmt.Fprintf(w, " (default %s)", f.DefValue)
-		}
-		fmt.Fprintln(w)
-	})
-}
-
-// usageError says what is wrong with the arguments, and how to ask for help.
-func (a *app) usageError(cmd, format string, args ...any) int {
-	fmt.Fprintf(a.stderr, "klaxon %s: %s (run 'klaxon %s --help')\n", cmd, fmt.Sprintf(format, args...), cmd)
-	return exitUsage
-}
-
-// config reads the worker's settings; an invalid one is a usage error. A
-// KLAXON_ variable the worker does not know is warned of, as the worker
-// does, with the one it most likely meant.
-func (a *app) config(cmd string) (config.Config, bool) {
-	if a.environ != nil {
-		for _, u := range config.Unknown(a.environ()) {
-			fmt.Fprintf(a.stderr, "klaxon %s: warning: %s\n", cmd, u)
-		}
-	}
-	cfg, err := config.Load(a.getenv)
-	if err != nil {
-		fmt.Fprintf(a.stderr, "klaxon %s: %v\n", cmd, err)
-		return cfg, false
-	}
-	return cfg, true
-}
-
-// fail reports an error that kept a command from running.
-// ruleOf loads the settings and finds the rule a command names, as
-// explain, snooze and test-send begin; done means return code.
-func (a *app) ruleOf(ctx context.Context, cmd, file, project, ruleID string) (cfg config.Config, rule *rules.Rule, code int, done bool) {
-	cfg, ok := a.config(cmd)
-	if !ok {
-		return cfg, nil, exitUsage, true
-	}
-	rule, err := findRule(ctx, cfg, file, project, ruleID)
-	if err != nil {
-		return cfg, nil, a.fail(cmd, err), true
-	}
-	return cfg, rule, 0, false
-}
-
-func (a *app) fail(cmd string, err error) int {
-	fmt.Fprintf(a.stderr, "klaxon %s: %s\n", cmd, strings.TrimSpace(err.Error()))
-	return exitUsage
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io/fs"
 	"os"
@@ -122,19 +121,19 @@ type checkProblem struct {
 
 func (a *app) rulesCheck(ctx context.Context, args []string) int {
 	const cmd = "rules check"
-	fset := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	strict := fset.Bool("strict", false, "fail (exit 1) on warnings too")
-	asJSON := fset.Bool("json", false, "print the report as one JSON object")
-	files, code, done := a.parse(fset, args, rulesCheckUsage)
+	run := a.command(cmd, rulesCheckUsage)
+	strict := run.flags.Bool("strict", false, "fail (exit 1) on warnings too")
+	asJSON := run.flags.Bool("json", false, "print the report as one JSON object")
+	files, code, done := run.parseArgs(args)
 	if done {
 		return code
 	}
 	if len(files) > 1 {
 		return a.usageError(cmd, "one FILE at most, got %d", len(files))
 	}
-	cfg, ok := a.config(cmd)
-	if !ok {
-		return exitUsage
+	cfg, code, done := run.config()
+	if done {
+		return code
 	}
 	file := ""
 	if len(files) == 1 {

@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -170,15 +169,15 @@ type testReport struct {
 
 func (a *app) rulesTest(ctx context.Context, args []string) int {
 	const cmd = "rules test"
-	fset := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	asJSON := fset.Bool("json", false, "print the results as one JSON object")
-	paths, code, done := a.parse(fset, args, rulesTestUsage)
+	run := a.command(cmd, rulesTestUsage)
+	asJSON := run.flags.Bool("json", false, "print the results as one JSON object")
+	paths, code, done := run.parseArgs(args)
 	if done {
 		return code
 	}
-	cfg, ok := a.config(cmd)
-	if !ok {
-		return exitUsage
+	cfg, code, done := run.config()
+	if done {
+		return code
 	}
 	files, err := testFiles(paths)
 	if err != nil {

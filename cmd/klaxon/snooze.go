@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"time"
 
@@ -47,16 +46,17 @@ func (a *app) snooze(ctx context.Context, args []string) int {
 		}
 	}
 	const cmd = "snooze"
-	fset := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	project := fset.String("project", "", "project id (required)")
-	ruleID := fset.String("rule", "", "rule id (required)")
-	group := fset.String("group", "", "snooze this group (groupHash) of the rule only")
-	forD := fset.Duration("for", 0, "how long, e.g. 2h")
-	until := fset.String("until", "", "until when, RFC 3339, e.g. 2026-12-01T18:00:00Z")
-	noSummary := fset.Bool("no-summary", false, "send no summary of what was held back when the snooze ends")
-	rulesFile := fset.String("rules", "", "YAML rules file [KLAXON_RULES_FILE, else MongoDB]")
-	asJSON := fset.Bool("json", false, "print the snooze as JSON")
-	rest, code, done := a.parse(fset, args, snoozeUsage)
+	run := a.command(cmd, snoozeUsage).withRedis()
+	defer run.close()
+	project := run.flags.String("project", "", "project id (required)")
+	ruleID := run.flags.String("rule", "", "rule id (required)")
+	group := run.flags.String("group", "", "snooze this group (groupHash) of the rule only")
+	forD := run.flags.Duration("for", 0, "how long, e.g. 2h")
+	until := run.flags.String("until", "", "until when, RFC 3339, e.g. 2026-12-01T18:00:00Z")
+	noSummary := run.flags.Bool("no-summary", false, "send no summary of what was held back when the snooze ends")
+	rulesFile := run.flags.String("rules", "", "YAML rules file [KLAXON_RULES_FILE, else MongoDB]")
+	asJSON := run.flags.Bool("json", false, "print the snooze as JSON")
+	rest, code, done := run.parseArgs(args)
 	if done {
 		return code
 	}
@@ -83,16 +83,11 @@ func (a *app) snooze(ctx context.Context, args []string) int {
 		}
 		end = t
 	}
-	cfg, rule, code, done := a.ruleOf(ctx, cmd, *rulesFile, *project, *ruleID)
+	cfg, rule, code, done := run.rule(ctx, *rulesFile, *project, *ruleID)
 	if done {
 		return code
 	}
-	rdb, err := redisClient(cfg)
-	if err != nil {
-		return a.fail(cmd, err)
-	}
-	defer rdb.Close()
-	sn, err := snooze.New(rdb, cfg.Prefix).Set(ctx, snooze.Snooze{ProjectID: rule.ProjectID, RuleID: rule.ID,
+	sn, err := snooze.New(run.rdb, cfg.Prefix).Set(ctx, snooze.Snooze{ProjectID: rule.ProjectID, RuleID: rule.ID,
 		GroupHash: *group, Until: end, Summary: !*noSummary}, now)
 	if err != nil {
 		return a.fail(cmd, err)
@@ -112,26 +107,18 @@ func (a *app) snooze(ctx context.Context, args []string) int {
 
 func (a *app) snoozeList(ctx context.Context, args []string) int {
 	const cmd = "snooze list"
-	fset := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	project := fset.String("project", "", "this project's snoozes only")
-	asJSON := fset.Bool("json", false, "print the snoozes as a JSON array")
-	rest, code, done := a.parse(fset, args, snoozeUsage)
+	run := a.command(cmd, snoozeUsage).withRedis()
+	defer run.close()
+	project := run.flags.String("project", "", "this project's snoozes only")
+	asJSON := run.flags.Bool("json", false, "print the snoozes as a JSON array")
+	if code, done := run.parse(args); done {
+		return code
+	}
+	cfg, code, done := run.config()
 	if done {
 		return code
 	}
-	if len(rest) > 0 {
-		return a.usageError(cmd, "unexpected argument %q", rest[0])
-	}
-	cfg, ok := a.config(cmd)
-	if !ok {
-		return exitUsage
-	}
-	rdb, err := redisClient(cfg)
-	if err != nil {
-		return a.fail(cmd, err)
-	}
-	defer rdb.Close()
-	all, err := snooze.New(rdb, cfg.Prefix).List(ctx, *project)
+	all, err := snooze.New(run.rdb, cfg.Prefix).List(ctx, *project)
 	if err != nil {
 		return a.fail(cmd, err)
 	}
@@ -168,30 +155,22 @@ func (a *app) snoozeList(ctx context.Context, args []string) int {
 
 func (a *app) snoozeRemove(ctx context.Context, args []string) int {
 	const cmd = "snooze remove"
-	fset := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	project := fset.String("project", "", "project id (required)")
-	ruleID := fset.String("rule", "", "rule id (required)")
-	group := fset.String("group", "", "the group, for a snooze of one group")
-	rest, code, done := a.parse(fset, args, snoozeUsage)
+	run := a.command(cmd, snoozeUsage).withRedis()
+	defer run.close()
+	project := run.flags.String("project", "", "project id (required)")
+	ruleID := run.flags.String("rule", "", "rule id (required)")
+	group := run.flags.String("group", "", "the group, for a snooze of one group")
+	if code, done := run.parse(args); done {
+		return code
+	}
+	if *project == "" || *ruleID == "" {
+		return a.usageError(cmd, "--project and --rule are required")
+	}
+	cfg, code, done := run.config()
 	if done {
 		return code
 	}
-	switch {
-	case len(rest) > 0:
-		return a.usageError(cmd, "unexpected argument %q", rest[0])
-	case *project == "" || *ruleID == "":
-		return a.usageError(cmd, "--project and --rule are required")
-	}
-	cfg, ok := a.config(cmd)
-	if !ok {
-		return exitUsage
-	}
-	rdb, err := redisClient(cfg)
-	if err != nil {
-		return a.fail(cmd, err)
-	}
-	defer rdb.Close()
-	removed, err := snooze.New(rdb, cfg.Prefix).Remove(ctx, *project, *ruleID, *group)
+	removed, err := snooze.New(run.rdb, cfg.Prefix).Remove(ctx, *project, *ruleID, *group)
 	if err != nil {
 		return a.fail(cmd, err)
 	}

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"net/http"
 	"net/textproto"
@@ -66,23 +65,19 @@ type sendReport struct {
 
 func (a *app) testSend(ctx context.Context, args []string) int {
 	const cmd = "test-send"
-	fset := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	project := fset.String("project", "", "project id (required)")
-	ruleID := fset.String("rule", "", "rule id (required)")
-	only := fset.String("channel", "", "send to this channel of the rule only: "+strings.Join(rules.ChannelNames[:], ", "))
-	rulesFile := fset.String("rules", "", "YAML rules file [KLAXON_RULES_FILE, else MongoDB]")
-	asJSON := fset.Bool("json", false, "print the answers as one JSON object")
-	rest, code, done := a.parse(fset, args, testSendUsage)
-	if done {
+	run := a.command(cmd, testSendUsage)
+	project := run.flags.String("project", "", "project id (required)")
+	ruleID := run.flags.String("rule", "", "rule id (required)")
+	only := run.flags.String("channel", "", "send to this channel of the rule only: "+strings.Join(rules.ChannelNames[:], ", "))
+	rulesFile := run.flags.String("rules", "", "YAML rules file [KLAXON_RULES_FILE, else MongoDB]")
+	asJSON := run.flags.Bool("json", false, "print the answers as one JSON object")
+	if code, done := run.parse(args); done {
 		return code
 	}
-	switch {
-	case len(rest) > 0:
-		return a.usageError(cmd, "unexpected argument %q", rest[0])
-	case *project == "" || *ruleID == "":
+	if *project == "" || *ruleID == "" {
 		return a.usageError(cmd, "--project and --rule are required")
 	}
-	cfg, rule, code, done := a.ruleOf(ctx, cmd, *rulesFile, *project, *ruleID)
+	cfg, rule, code, done := run.rule(ctx, *rulesFile, *project, *ruleID)
 	if done {
 		return code
 	}

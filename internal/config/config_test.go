@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/klaxonhq/klaxon/internal/notify/email"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/seal"
+	"github.com/klaxonhq/klaxon/internal/smtptls"
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
@@ -38,7 +38,7 @@ func TestLoadDefaults(t *testing.T) {
 		Prefix:            "klaxon",
 		HTTPAddr:          "127.0.0.1:9464",
 		SMTPFrom:          "klaxon@localhost",
-		SMTPTLS:           email.TLSStartTLS,
+		SMTPTLS:           smtptls.StartTLS,
 		TelegramAPI:       "https://api.telegram.org",
 		LogLevel:          slog.LevelInfo,
 		Role:              RoleAll,
@@ -104,8 +104,8 @@ func TestVariablesDefaultsMatchLoad(t *testing.T) {
 			t.Errorf("%s listed twice", v.Name)
 		}
 		seen[v.Name], seen[v.Alias] = true, v.Alias != ""
-		if v.Usage == "" {
-			t.Errorf("%s has no usage", v.Name)
+		if v.Doc == "" {
+			t.Errorf("%s has no doc", v.Name)
 		}
 		if v.Default == "" {
 			continue
@@ -216,8 +216,8 @@ func TestLoadValues(t *testing.T) {
 		{"mongo srv", map[string]string{EnvMongoURL: "mongodb+srv://u:p@cluster0.example.net/accounts?retryWrites=true"}, func(c Config) bool { return c.MongoDatabase == "accounts" }},
 		{"mongo escaped db", map[string]string{EnvMongoURL: "mongodb://m/my%2Ddb"}, func(c Config) bool { return c.MongoDatabase == "my-db" }},
 		{"amqps", map[string]string{EnvAMQPURL: "amqps://u:p%40ss@rabbit.example.com:5671/vhost?heartbeat=10"}, func(c Config) bool { return c.AMQPURL != "" }},
-		{"smtp tls upper case", map[string]string{EnvSMTPTLS: "TLS"}, func(c Config) bool { return c.SMTPTLS == email.TLSImplicit }},
-		{"smtp none", map[string]string{EnvSMTPTLS: "none"}, func(c Config) bool { return c.SMTPTLS == email.TLSNone }},
+		{"smtp tls upper case", map[string]string{EnvSMTPTLS: "TLS"}, func(c Config) bool { return c.SMTPTLS == smtptls.Implicit }},
+		{"smtp none", map[string]string{EnvSMTPTLS: "none"}, func(c Config) bool { return c.SMTPTLS == smtptls.None }},
 		{"smtp full", map[string]string{EnvSMTPAddr: "mailpit:1025", EnvSMTPUsername: "u", EnvSMTPPassword: " p w ", EnvSMTPFrom: "Klaxon <alerts@example.com>"},
 			func(c Config) bool {
 				return c.EmailEnabled() && c.SMTPPassword == " p w " && c.SMTPFrom == "Klaxon <alerts@example.com>"

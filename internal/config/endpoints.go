@@ -10,44 +10,22 @@ import (
 	"github.com/klaxonhq/klaxon/internal/netguard"
 )
 
-// endpoints reads what endpoints from rules may reach, and stores each in
-// canonical form, so that writing a default out changes nothing.
-func (l *loader) endpoints(c *Config) {
-	c.AllowPrivateNetworks = ""
-	if s := l.lookup(EnvAllowPrivateNetworks, "", false); s.set() {
-		nets, err := parseNetworks(s.value)
-		if err != nil {
-			l.fail(s, err.Error())
-		}
-		c.AllowPrivateNetworks = joinStrings(nets)
-	}
+// What endpoints from rules may reach is stored in canonical form, so that
+// writing a default out changes nothing.
 
-	c.AllowPorts = defaultAllowPorts
-	if s := l.lookup(EnvAllowPorts, "", false); s.set() {
-		ports, err := parsePorts(s.value)
-		if err != nil {
-			l.fail(s, err.Error())
-		} else {
-			c.AllowPorts = joinStrings(ports)
-		}
-	}
-
-	c.SlackHosts = l.patterns(EnvSlackHosts, defaultSlackHosts)
-	c.TelegramHookHosts = l.patterns(EnvTelegramHookHosts, defaultTelegramHooks)
-	c.LoopHosts = l.patterns(EnvLoopHosts, defaultLoopHosts)
+func canonicalNetworks(v string) (string, error) {
+	nets, err := parseNetworks(v)
+	return joinStrings(nets), err
 }
 
-func (l *loader) patterns(name, def string) string {
-	s := l.lookup(name, "", false)
-	if !s.set() {
-		return def
-	}
-	ps, err := netguard.ParsePatterns(s.value)
-	if err != nil {
-		l.fail(s, err.Error())
-		return def
-	}
-	return joinStrings(ps)
+func canonicalPorts(v string) (string, error) {
+	ports, err := parsePorts(v)
+	return joinStrings(ports), err
+}
+
+func canonicalPatterns(v string) (string, error) {
+	ps, err := netguard.ParsePatterns(v)
+	return joinStrings(ps), err
 }
 
 // parseNetworks reads comma-separated CIDRs; a bare address stands for

@@ -23,6 +23,7 @@ import (
 
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/smtptls"
 )
 
 // Name is the channel's name in rules and errors.
@@ -30,16 +31,13 @@ const Name = rules.Email
 
 // TLSMode is how the connection to the SMTP server is secured
 // (KLAXON_SMTP_TLS).
-type TLSMode string
+type TLSMode = smtptls.Mode
 
+// The TLS modes.
 const (
-	// TLSNone is plain SMTP, even when the server offers STARTTLS.
-	TLSNone TLSMode = "none"
-	// TLSStartTLS upgrades with STARTTLS and fails when the server does not
-	// offer it, rather than send in clear.
-	TLSStartTLS TLSMode = "starttls"
-	// TLSImplicit speaks TLS from the first byte (port 465).
-	TLSImplicit TLSMode = "tls"
+	TLSNone     = smtptls.None     // plain SMTP, even when the server offers STARTTLS
+	TLSStartTLS = smtptls.StartTLS // STARTTLS, and no send when the server does not offer it
+	TLSImplicit = smtptls.Implicit // TLS from the first byte (port 465)
 )
 
 // DefaultTimeout bounds a send whose context has no earlier deadline.
@@ -112,7 +110,7 @@ func New(cfg Config) (*Notifier, error) {
 	default:
 		return nil, fmt.Errorf("email: TLS mode %q: want %q, %q or %q", cfg.TLS, TLSNone, TLSStartTLS, TLSImplicit)
 	}
-	if mode == TLSNone && cfg.Username != "" && !IsLocalhost(host) {
+	if mode == TLSNone && cfg.Username != "" && !smtptls.IsLocalhost(host) {
 		// net/smtp refuses too; saying so now beats failing every send.
 		return nil, fmt.Errorf("email: TLS mode %q would send the password in clear to %s: use %q or %q", TLSNone, host, TLSStartTLS, TLSImplicit)
 	}
@@ -521,7 +519,7 @@ type loginAuth struct {
 }
 
 func (a *loginAuth) Start(server *smtp.ServerInfo) (string, []byte, error) {
-	if !server.TLS && !IsLocalhost(server.Name) {
+	if !server.TLS && !smtptls.IsLocalhost(server.Name) {
 		return "", nil, errors.New("unencrypted connection")
 	}
 	if server.Name != a.host {
@@ -541,12 +539,6 @@ func (a *loginAuth) Next(fromServer []byte, more bool) ([]byte, error) {
 		return []byte(a.password), nil
 	}
 	return nil, fmt.Errorf("unexpected AUTH LOGIN challenge %q", fromServer)
-}
-
-// IsLocalhost is net/smtp's test for a server it will send a password to in
-// clear; config uses it to refuse such a setting at start-up.
-func IsLocalhost(host string) bool {
-	return host == "localhost" || host == "127.0.0.1" || host == "::1"
 }
 
 // pageHTML is the HTML part; html/template escapes every value in it.
