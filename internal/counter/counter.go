@@ -56,14 +56,6 @@ func Resolution(period time.Duration) time.Duration {
 	return max(b, 100*time.Millisecond)
 }
 
-// buckets is how many buckets a window of this period keeps: enough for the
-// span from floor((L-period)/b) to floor(L/b).
-func buckets(period time.Duration) int64 {
-	b := Resolution(period).Milliseconds()
-	p := period.Milliseconds()
-	return (p+b-1)/b + 1
-}
-
 // Event is one incoming event with the rules it matched.
 type Event struct {
 	// ID identifies the message (its AMQP message-id, or Hawk's
