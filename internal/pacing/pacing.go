@@ -1,4 +1,8 @@
-package counter
+// Package pacing holds destinations to their providers' rate limits
+// ("1 per second and 20 per minute" for a Telegram chat): Reserve gives
+// each message its turn in Redis (reserve.lua), shared by every worker, so
+// that a storm of notifications is paced rather than refused.
+package pacing
 
 import (
 	"context"
@@ -33,8 +37,8 @@ type Limiter struct {
 	prefix  string
 }
 
-// NewLimiter returns a limiter whose keys start with prefix.
-func NewLimiter(rdb redis.UniversalClient, prefix string) *Limiter {
+// New returns a limiter whose keys start with prefix.
+func New(rdb redis.UniversalClient, prefix string) *Limiter {
 	return &Limiter{rdb: rdb, reserve: redis.NewScript(reserveLua), prefix: prefix}
 }
 
