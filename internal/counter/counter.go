@@ -149,9 +149,9 @@ type Options struct {
 	Verbose bool
 	// WaitReplicas, when above 0, makes every write wait (Redis WAIT, on
 	// the connection that wrote) until that many replicas acknowledged it,
-	// for at most WaitTimeout [1s]; fewer fails the Observe, so that the
-	// batch is held and tried again rather than acked on writes a failover
-	// could lose. Single node and Sentinel only: on Cluster it is ignored
+	// for at most WaitTimeout [1s]; fewer fails the ObserveBatch, so that
+	// the batch is held and tried again rather than acked on writes a
+	// failover could lose. Single node and Sentinel only: on Cluster it is ignored
 	// (a WAIT cannot follow a pipeline across nodes).
 	WaitReplicas int
 	WaitTimeout  time.Duration
@@ -256,29 +256,24 @@ type call struct {
 	cmd   *redis.Cmd
 }
 
-// Observe counts a batch of events and returns one Result per event, in
-// order; an event without rules costs nothing and gets a zero Result.
+// ObserveBatch counts a batch of events and returns one Result per event,
+// in order; an event without rules costs nothing and gets a zero Result.
 //
 // Most groups cost Redis three commands (GET, and GETRANGE and SET in
 // cas.lua, pages of a busy group aside): their states are read, counted
 // into by the worker (state.go) and written back by cas.lua if no other
 // worker wrote them meanwhile. The others (a repeat, a redelivery, users),
 // are counted by observe.lua, atomically, in up to 32 (project, group)s a
-// call, or on Cluster one. Observing the same batch again after an error is
-// safe for events with an ID; one without may count twice then (never zero
-// times).
-func (e *Engine) Observe(ctx context.Context, events []Event) ([]Result, error) {
-	return e.ObserveBatch(ctx, rand.Int64N(1<<53-1)+1, events)
-}
-
-// ObserveBatch is Observe for a batch that may be observed again after an
-// error: token (from 1 to 2^53-1) names it, the same at every attempt.
+// call, or on Cluster one.
+//
+// token (from 1 to 2^53-1) names the batch, the same at every attempt.
 // Each group's state keeps the tokens of the last four writes, so that an
 // attempt whose writes landed though its reply was lost (Redis stopped, a
 // connection cut, a pipeline the client sent twice) is not counted again
 // by the next one, with or without message ids: its events are reported as
-// duplicates, with their firings.
-// A token out of that range gets a random one, as Observe.
+// duplicates, with their firings. A token out of that range (0) gets a
+// random one: observing the same events again after an error is then safe
+// for events with an ID; one without may count twice (never zero times).
 func (e *Engine) ObserveBatch(ctx context.Context, token int64, events []Event) ([]Result, error) {
 	if token < 1 || token >= 1<<53 {
 		// 0 is what an empty state holds: it would read as "counted".
@@ -315,7 +310,7 @@ func (e *Engine) ObserveBatch(ctx context.Context, token int64, events []Event) 
 	return b.results, nil
 }
 
-// batch is one Observe's events, their keys and identity modes, and the
+// batch is one ObserveBatch's events, their keys and identity modes, and the
 // results.
 type batch struct {
 	events  []Event
@@ -516,7 +511,7 @@ func eventKey(ev *Event) (key, mode string) {
 // args encodes a call as the script's ARGV.
 func (e *Engine) args(c *call, b *batch) []any {
 	events := b.events
-	size := 4
+	size := 3
 	for _, p := range c.parts {
 		size += 3 + len(p.done)
 		for _, i := range p.events {
@@ -534,7 +529,7 @@ func (e *Engine) args(c *call, b *batch) []any {
 		verbose = 1
 	}
 	args := make([]any, 0, size)
-	args = append(args, e.dedupTTL, 0, verbose, len(c.rules))
+	args = append(args, e.dedupTTL, verbose, len(c.rules))
 	for _, r := range c.rules {
 		users := 0
 		if r.Users {

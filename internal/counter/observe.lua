@@ -8,7 +8,7 @@
 --        written: while the slot migrates, the call then always misses a
 --        declared key, and Redis answers TRYAGAIN instead of running it on
 --        a node that holds only part of the group's keys (cluster.go).
--- ARGV   dedupTTL(ms) unused verbose(0|1) nrules
+-- ARGV   dedupTTL(ms) verbose(0|1) nrules
 --        per rule:  tag id ttl(ms) cooldown(ms) users(0|1) nwindows
 --                   per window: ring threshold period(ms) bucket(ms)
 --        per group, in KEYS order, up to the end of ARGV: token ndone done... nevents
@@ -57,7 +57,7 @@ local pack, unpack_s = struct.pack, struct.unpack
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + floor(tonumber(clock[2]) / 1000)
 
-local dedup_ttl, verbose = tonumber(a[1]), a[3] == '1'
+local dedup_ttl, verbose = tonumber(a[1]), a[2] == '1'
 local slot = floor(now / dedup_ttl)
 local ids_until = (slot + 2) * dedup_ttl
 local ids_pxat = fmt('%d', ids_until)
@@ -66,8 +66,8 @@ local VERSION = 3
 local HDR, HDR_SIZE = '<Bi8i1I2I4I4i8i1I2I4I4i8i8i8i8I2I2I4I4', 83
 local RING, STATE, PAIR = 'i8i8i8I2', 'i8i8i8i8', 'i8I4'
 
-local rules, p = {}, 5
-for r = 1, tonumber(a[4]) do
+local rules, p = {}, 4
+for r = 1, tonumber(a[3]) do
   local rule = {tag = tonumber(a[p]), id = tonumber(a[p + 1]), ttl = tonumber(a[p + 2]),
                 cooldown = tonumber(a[p + 3]), users = a[p + 4] == '1', windows = {}, maxp = 0, cap = 0}
   local nw = tonumber(a[p + 5])
