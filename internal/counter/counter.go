@@ -199,8 +199,8 @@ func New(rdb redis.UniversalClient, opts Options) *Engine {
 	}
 	return &Engine{
 		rdb:           rdb,
-		script:        redis.NewScript(observeLua),
-		cas:           redis.NewScript(casLua),
+		script:        redis.NewScript(withLayout(observeLua)),
+		cas:           redis.NewScript(withLayout(casLua)),
 		prefix:        opts.Prefix,
 		dedupTTL:      opts.DedupTTL.Milliseconds(),
 		groupsPerCall: opts.GroupsPerCall,

@@ -8,20 +8,54 @@ import (
 	"strings"
 )
 
-// This file is the worker's side of a group's state string: the layout
-// observe.lua reads and writes (see its header), decoded, counted into and
-// encoded again in Go, byte for byte as the script would. The engine's
+// This file is the worker's side of a group's state string: its layout,
+// which observe.lua reads and writes (its header says what each field
+// means), decoded, counted into and encoded again in Go, byte for byte as
+// the script would. The engine's
 // fast path counts here and writes back with cas.lua, which stores the
 // result only if the string is still the one that was read; Redis then
 // spends a GET, a GETRANGE and a SET on a group instead of running the
 // counting.
 
+// The state string's layout, here only: decodeState and encode read and
+// write it field by field, and the scripts get it from withLayout. The
+// formats are those of the struct library observe.lua packs with ('<'
+// little-endian, B a byte, iN and IN signed and unsigned integers of N
+// bytes); TestStateLayoutSizes holds the sizes to them.
 const (
 	stateVersion = 3
-	headerSize   = 83
-	genOffset    = 79 // the generation, new at every write (nextGen)
-	pageSize     = 128
+	// pageSize is how many ids a dedup slot keeps inline, and a page about.
+	pageSize = 128
+
+	dedupLayout = "i8i1I2I4I4" // slot level next count inlinebytes
+	// version dedup[cur] dedup[prev] tokens(4) nrings nstates npairs generation
+	headerLayout = "<B" + dedupLayout + dedupLayout + "i8i8i8i8" + "I2I2I4" + "I4"
+	ringLayout   = "i8i8i8I2" // tag until L npairs
+	ruleLayout   = "i8i8i8i8" // tag until L U
+	pairLayout   = "i8I4"     // bucket index, count
+
+	headerSize = 83
+	genOffset  = headerSize - 4 // the generation, new at every write (nextGen)
+	ringSize   = 26
+	ruleSize   = 32
+	pairSize   = 12
 )
+
+// withLayout fills the state's layout into a script's placeholders.
+func withLayout(script string) string {
+	return strings.NewReplacer(
+		"${VERSION}", strconv.Itoa(stateVersion),
+		"${PAGE}", strconv.Itoa(pageSize),
+		"${HEADER}", headerLayout,
+		"${HEADER_SIZE}", strconv.Itoa(headerSize),
+		"${RING}", ringLayout,
+		"${RULE}", ruleLayout,
+		"${PAIR}", pairLayout,
+		// GETRANGE's range, from 0, both ends included.
+		"${GEN_FIRST}", strconv.Itoa(genOffset),
+		"${GEN_LAST}", strconv.Itoa(genOffset+3),
+	).Replace(script)
+}
 
 type dedupSlot struct {
 	slot   int64
@@ -341,7 +375,7 @@ func (g *groupState) encode(now, slot, dedupTTL int64) ([]byte, int64) {
 	if expiry <= now {
 		expiry = now + 1000
 	}
-	w := make([]byte, 0, headerSize+26*len(rings)+32*len(live)+12*npairs+len(cur.inline)+len(prev.inline))
+	w := make([]byte, 0, headerSize+ringSize*len(rings)+ruleSize*len(live)+pairSize*npairs+len(cur.inline)+len(prev.inline))
 	le := binary.LittleEndian
 	w = append(w, stateVersion)
 	for _, d := range [...]*dedupSlot{&cur, &prev} {
