@@ -64,7 +64,7 @@ func TestExplainShowsWhatTheEngineCounted(t *testing.T) {
 	start := time.Now().Add(-10 * time.Second).Truncate(time.Second)
 	var fired counter.Outcome
 	for i := range 4 {
-		res, err := eng.Observe(ctx, []counter.Event{{ID: fmt.Sprint("e", i), ProjectID: projectA, GroupHash: "g1",
+		res, err := eng.ObserveBatch(ctx, 0, []counter.Event{{ID: fmt.Sprint("e", i), ProjectID: projectA, GroupHash: "g1",
 			Time: start.Add(time.Duration(i) * time.Second), Rules: []*rules.Rule{rule}}})
 		if err != nil {
 			t.Fatal(err)

@@ -5,7 +5,7 @@
 // The data path, in the order main wires it:
 //
 //	queue.Consumer (KLAXON_QUEUE)
-//	  → evaluator: event.Decode → store.Cache rules → rules.Match → counter.Observe
+//	  → evaluator: event.Decode → store.Cache rules → rules.Match → counter.ObserveBatch
 //	  → queue.Publisher: dead letters (<queue>.dead) and delivery jobs (<prefix>.deliveries)
 //	  → storm.Tracker: storms of firings that want a "storm over" message,
 //	    swept in Redis and ended with delivery jobs of their own

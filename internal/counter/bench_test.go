@@ -53,7 +53,7 @@ func algorithms(tb testing.TB, rdb *tripCounter, prefix string, rule *rules.Rule
 	}
 	return []algorithm{
 		{"klaxon", func(ctx context.Context, evs []Event) (int, error) {
-			res, err := e.Observe(ctx, evs)
+			res, err := e.ObserveBatch(ctx, 0, evs)
 			fired := 0
 			for _, r := range res {
 				if r.Outcomes[0].Fired {

@@ -1,8 +1,10 @@
 -- cas.lua: store the states a worker counted itself (state.go), each only
 -- if its group's state is still the one the worker read: the generation
--- in bytes 80-83 unchanged (every write makes a new one, from the last and
--- the writing batch's token), or the state still missing. A group whose state changed
--- meanwhile is left as it is, for the worker to count with observe.lua.
+-- (the header's last 4 bytes, at state.go's genOffset, filled in when the
+-- script is loaded) unchanged (every write makes a new one, from the last
+-- and the writing batch's token), or the state still missing. A group
+-- whose state changed meanwhile is left as it is, for the worker to count
+-- with observe.lua.
 --
 -- KEYS   one state key "<base>:s" per group, base being "<prefix>:{…}";
 --        on Cluster then "<base>:m", never written, so that Redis answers
@@ -23,7 +25,7 @@ while p <= #a do
   local base = string.sub(key, 1, -3)
   local q = p + 4 + 2 * nrec
   local npages = tonumber(a[q])
-  if redis.call('GETRANGE', key, 79, 82) == a[p] then
+  if redis.call('GETRANGE', key, ${GEN_FIRST}, ${GEN_LAST}) == a[p] then
     redis.call('SET', key, a[p + 1], 'PXAT', a[p + 2])
     if nrec > 0 then
       redis.call('HSET', base .. ':f', unpack(a, p + 4, q - 1))

@@ -81,7 +81,7 @@ const project = "5e3eef0679fa3700a0198a49"
 
 func observe(t testing.TB, e *Engine, events ...Event) []Result {
 	t.Helper()
-	res, err := e.Observe(context.Background(), events)
+	res, err := e.ObserveBatch(context.Background(), 0, events)
 	if err != nil {
 		t.Fatalf("observe: %v", err)
 	}
@@ -573,7 +573,7 @@ func differential(t *testing.T, rdb redis.UniversalClient, streams int, seed uin
 					Rules:     matched,
 				}
 			}
-			got, err := e.Observe(ctx, batch)
+			got, err := e.ObserveBatch(ctx, 0, batch)
 			if err != nil {
 				t.Fatalf("stream %d: %v", s, err)
 			}
@@ -841,7 +841,7 @@ func TestModelAgreesWithLuaAtTheEdges(t *testing.T) {
 				batch[i] = Event{ID: id, ProjectID: project, GroupHash: groups[rng.IntN(len(groups))],
 					UserID: users[rng.IntN(len(users))], Time: time.UnixMilli(at), Rules: matched}
 			}
-			got, err := e.Observe(ctx, batch)
+			got, err := e.ObserveBatch(ctx, 0, batch)
 			if err != nil {
 				t.Fatalf("stream %d: %v", s, err)
 			}

@@ -136,7 +136,7 @@ func (e *Engine) fastCandidate(b *batch, g *group) bool {
 // countGroup counts g's events into its state as observe.lua's loop does
 // for one group, fills their results, and keeps what cas.lua is to store.
 // It returns false, having changed nothing, where the script must count:
-// an id seen before, this Observe's token already in the state, or ids
+// an id seen before, this batch's token already in the state, or ids
 // that would leave the state for pages.
 func (e *Engine) countGroup(b *batch, g *group, st *groupState, pages map[string][]byte, now, slot int64) bool {
 	// This batch wrote the group already (an attempt whose reply was lost),

@@ -87,7 +87,7 @@ func BenchmarkManyGroups(b *testing.B) {
 						GroupHash: fmt.Sprintf("%064x", g), Rules: matched,
 						Time: start.Add(time.Duration(done+i) * 50 * time.Microsecond)}
 				}
-				if _, err := e.Observe(ctx, evs); err != nil {
+				if _, err := e.ObserveBatch(ctx, 0, evs); err != nil {
 					b.Fatal(err)
 				}
 			}

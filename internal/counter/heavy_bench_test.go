@@ -62,7 +62,7 @@ func BenchmarkHeavyProject(b *testing.B) {
 					evs[i] = Event{ID: fmt.Sprint("m", done+i), ProjectID: project, GroupHash: g,
 						UserID: fmt.Sprint("u", (done+i)%500), Rules: rs, Time: start.Add(time.Duration(done+i) * time.Millisecond)}
 				}
-				if _, err := e.Observe(ctx, evs); err != nil {
+				if _, err := e.ObserveBatch(ctx, 0, evs); err != nil {
 					b.Fatal(err)
 				}
 				done += n

@@ -249,7 +249,7 @@ func TestWaitReplicasFailsWithoutReplicas(t *testing.T) {
 	rdb := testRedis(t)
 	e := New(rdb, Options{Prefix: testPrefix(t, rdb), WaitReplicas: 1, WaitTimeout: 10 * time.Millisecond})
 	rule := mustRule(t, seenMore(rules.WindowSpec{Threshold: 3, Period: 60_000}))
-	_, err := e.Observe(context.Background(), []Event{{ID: "m1", ProjectID: project, GroupHash: "g", Rules: []*rules.Rule{rule}}})
+	_, err := e.ObserveBatch(context.Background(), 0, []Event{{ID: "m1", ProjectID: project, GroupHash: "g", Rules: []*rules.Rule{rule}}})
 	if err == nil || !strings.Contains(err.Error(), "0 of 1 replicas") {
 		t.Errorf("observe without replicas: %v, want an error saying no replica acknowledged", err)
 	}

@@ -8,7 +8,7 @@
 --        written: while the slot migrates, the call then always misses a
 --        declared key, and Redis answers TRYAGAIN instead of running it on
 --        a node that holds only part of the group's keys (cluster.go).
--- ARGV   dedupTTL(ms) unused verbose(0|1) nrules
+-- ARGV   dedupTTL(ms) verbose(0|1) nrules
 --        per rule:  tag id ttl(ms) cooldown(ms) users(0|1) nwindows
 --                   per window: ring threshold period(ms) bucket(ms)
 --        per group, in KEYS order, up to the end of ARGV: token ndone done... nevents
@@ -21,10 +21,12 @@
 -- body when it has no id (mode 0, or 2 when the broker redelivered it).
 --
 -- A group's state is one string, "<base>:s", read with one MGET for the
--- whole call and written with one SET:
---   header   version(3) dedup[cur] dedup[prev] tokens(4) nrings nstates npairs
---            generation (bytes 80-83, at every write the last one + 1 + the
---            writing token mod 2^32: see cas.lua and state.go's nextGen)
+-- whole call and written with one SET; the width of every field is
+-- state.go's (its layout constants, filled in below):
+--   header   version dedup[cur] dedup[prev] tokens(4) nrings nstates npairs
+--            generation (the header's last 4 bytes, at every write the last
+--            one + 1 + the writing token mod 2^32: see cas.lua and
+--            state.go's nextGen)
 --            dedup = slot level next count inlinebytes
 --   rings    per ring: tag until L npairs: a ring holds the events of one
 --            (filter, period) in buckets, for every rule that counts them;
@@ -57,17 +59,18 @@ local pack, unpack_s = struct.pack, struct.unpack
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + floor(tonumber(clock[2]) / 1000)
 
-local dedup_ttl, verbose = tonumber(a[1]), a[3] == '1'
+local dedup_ttl, verbose = tonumber(a[1]), a[2] == '1'
 local slot = floor(now / dedup_ttl)
 local ids_until = (slot + 2) * dedup_ttl
 local ids_pxat = fmt('%d', ids_until)
-local PAGE = 128
-local VERSION = 3
-local HDR, HDR_SIZE = '<Bi8i1I2I4I4i8i1I2I4I4i8i8i8i8I2I2I4I4', 83
-local RING, STATE, PAIR = 'i8i8i8I2', 'i8i8i8i8', 'i8I4'
+-- The state's layout, filled in from state.go when the script is loaded.
+local PAGE = ${PAGE}
+local VERSION = ${VERSION}
+local HDR, HDR_SIZE = '${HEADER}', ${HEADER_SIZE}
+local RING, STATE, PAIR = '${RING}', '${RULE}', '${PAIR}'
 
-local rules, p = {}, 5
-for r = 1, tonumber(a[4]) do
+local rules, p = {}, 4
+for r = 1, tonumber(a[3]) do
   local rule = {tag = tonumber(a[p]), id = tonumber(a[p + 1]), ttl = tonumber(a[p + 2]),
                 cooldown = tonumber(a[p + 3]), users = a[p + 4] == '1', windows = {}, maxp = 0, cap = 0}
   local nw = tonumber(a[p + 5])

@@ -44,7 +44,7 @@ func TestConcurrentWorkersFireOnce(t *testing.T) {
 						Rules: []*rules.Rule{threshold, fresh},
 					}
 				}
-				res, err := e.Observe(context.Background(), evs)
+				res, err := e.ObserveBatch(context.Background(), 0, evs)
 				if err != nil {
 					t.Error(err)
 					return

@@ -8,20 +8,54 @@ import (
 	"strings"
 )
 
-// This file is the worker's side of a group's state string: the layout
-// observe.lua reads and writes (see its header), decoded, counted into and
-// encoded again in Go, byte for byte as the script would. The engine's
+// This file is the worker's side of a group's state string: its layout,
+// which observe.lua reads and writes (its header says what each field
+// means), decoded, counted into and encoded again in Go, byte for byte as
+// the script would. The engine's
 // fast path counts here and writes back with cas.lua, which stores the
 // result only if the string is still the one that was read; Redis then
 // spends a GET, a GETRANGE and a SET on a group instead of running the
 // counting.
 
+// The state string's layout, here only: decodeState and encode read and
+// write it field by field, and the scripts get it from withLayout. The
+// formats are those of the struct library observe.lua packs with ('<'
+// little-endian, B a byte, iN and IN signed and unsigned integers of N
+// bytes); TestStateLayoutSizes holds the sizes to them.
 const (
 	stateVersion = 3
-	headerSize   = 83
-	genOffset    = 79 // the generation, new at every write (nextGen)
-	pageSize     = 128
+	// pageSize is how many ids a dedup slot keeps inline, and a page about.
+	pageSize = 128
+
+	dedupLayout = "i8i1I2I4I4" // slot level next count inlinebytes
+	// version dedup[cur] dedup[prev] tokens(4) nrings nstates npairs generation
+	headerLayout = "<B" + dedupLayout + dedupLayout + "i8i8i8i8" + "I2I2I4" + "I4"
+	ringLayout   = "i8i8i8I2" // tag until L npairs
+	ruleLayout   = "i8i8i8i8" // tag until L U
+	pairLayout   = "i8I4"     // bucket index, count
+
+	headerSize = 83
+	genOffset  = headerSize - 4 // the generation, new at every write (nextGen)
+	ringSize   = 26
+	ruleSize   = 32
+	pairSize   = 12
 )
+
+// withLayout fills the state's layout into a script's placeholders.
+func withLayout(script string) string {
+	return strings.NewReplacer(
+		"${VERSION}", strconv.Itoa(stateVersion),
+		"${PAGE}", strconv.Itoa(pageSize),
+		"${HEADER}", headerLayout,
+		"${HEADER_SIZE}", strconv.Itoa(headerSize),
+		"${RING}", ringLayout,
+		"${RULE}", ruleLayout,
+		"${PAIR}", pairLayout,
+		// GETRANGE's range, from 0, both ends included.
+		"${GEN_FIRST}", strconv.Itoa(genOffset),
+		"${GEN_LAST}", strconv.Itoa(genOffset+3),
+	).Replace(script)
+}
 
 type dedupSlot struct {
 	slot   int64
@@ -54,22 +88,45 @@ type groupState struct {
 }
 
 // decodeState reads raw as observe.lua's load does at Redis time now; a
-// missing or foreign string is an empty state.
+// missing or foreign string is an empty state, and so is one parseState
+// cannot read.
 func decodeState(raw []byte, now, slot int64) *groupState {
-	g := &groupState{cur: dedupSlot{slot: slot, level: -1}, prev: dedupSlot{slot: slot - 1, level: -1}}
+	g, err := parseState(raw, slot)
+	if err != nil {
+		return emptyState(slot)
+	}
+	return g
+}
+
+// emptyState is the state of a group with nothing stored.
+func emptyState(slot int64) *groupState {
+	return &groupState{cur: dedupSlot{slot: slot, level: -1}, prev: dedupSlot{slot: slot - 1, level: -1}}
+}
+
+// parseState reads a state string in dedup slot slot. A missing or foreign
+// one (shorter than a header, or of another version) is an empty state, as
+// observe.lua's load has it; one whose sections do not fit its length is an
+// error.
+func parseState(raw []byte, slot int64) (*groupState, error) {
+	g := emptyState(slot)
 	if len(raw) < headerSize || raw[0] != stateVersion {
-		return g
+		return g, nil
 	}
 	r := reader{b: raw, p: 1}
 	cur := dedupSlot{slot: r.i64(), level: int8(r.u8()), next: r.u16(), count: r.u32()}
-	cb := r.u32()
+	cb := int(r.u32())
 	prev := dedupSlot{slot: r.i64(), level: int8(r.u8()), next: r.u16(), count: r.u32()}
-	pb := r.u32()
+	pb := int(r.u32())
 	for i := range g.tokens {
 		g.tokens[i] = r.i64()
 	}
 	nr, ns, np := int(r.u16()), int(r.u16()), int(r.u32())
 	g.gen = r.u32()
+	// The counts are held to the length before anything is made of them:
+	// no string, whatever wrote it, costs more memory than its own size.
+	if need, left := nr*ringSize+ns*ruleSize+np*pairSize+cb+pb, len(raw)-headerSize; need > left {
+		return nil, fmt.Errorf("state of %d bytes: its header counts %d bytes past the end", len(raw), need-left)
+	}
 	g.rings = make([]ringState, nr)
 	for i := range g.rings {
 		g.rings[i] = ringState{tag: r.i64(), until: r.i64(), at: r.i64()}
@@ -87,13 +144,13 @@ func decodeState(raw []byte, now, slot int64) *groupState {
 		}
 		total += n
 	}
-	if total != np || r.err {
-		return &groupState{cur: dedupSlot{slot: slot, level: -1}, prev: dedupSlot{slot: slot - 1, level: -1}}
+	if total != np {
+		return nil, fmt.Errorf("state's rings hold %d pairs, its header %d", total, np)
 	}
-	cur.inline = r.bytes(int(cb))
-	prev.inline = r.bytes(int(pb))
+	cur.inline = r.bytes(cb)
+	prev.inline = r.bytes(pb)
 	if r.err {
-		return &groupState{cur: dedupSlot{slot: slot, level: -1}, prev: dedupSlot{slot: slot - 1, level: -1}}
+		return nil, fmt.Errorf("state of %d bytes ends inside a section", len(raw))
 	}
 	// The previous slot is the stored current one a slot on, or the stored
 	// previous one when no id came since: encode writes an empty current
@@ -107,7 +164,7 @@ func decodeState(raw []byte, now, slot int64) *groupState {
 	if cur.slot != slot-1 && prev.slot == slot-1 {
 		g.prev = prev
 	}
-	return g
+	return g, nil
 }
 
 // paged reports whether slot d keeps its ids in pages.
@@ -341,7 +398,7 @@ func (g *groupState) encode(now, slot, dedupTTL int64) ([]byte, int64) {
 	if expiry <= now {
 		expiry = now + 1000
 	}
-	w := make([]byte, 0, headerSize+26*len(rings)+32*len(live)+12*npairs+len(cur.inline)+len(prev.inline))
+	w := make([]byte, 0, headerSize+ringSize*len(rings)+ruleSize*len(live)+pairSize*npairs+len(cur.inline)+len(prev.inline))
 	le := binary.LittleEndian
 	w = append(w, stateVersion)
 	for _, d := range [...]*dedupSlot{&cur, &prev} {
@@ -401,19 +458,28 @@ type reader struct {
 	err bool
 }
 
+// take returns the next n bytes, or nil past the end.
 func (r *reader) take(n int) []byte {
-	if r.err || r.p+n > len(r.b) || n < 0 {
+	if r.err || n < 0 || n > len(r.b)-r.p {
 		r.err = true
-		return make([]byte, n)
+		return nil
 	}
 	r.p += n
 	return r.b[r.p-n : r.p]
 }
 
-func (r *reader) u8() uint8   { return r.take(1)[0] }
-func (r *reader) u16() uint16 { return binary.LittleEndian.Uint16(r.take(2)) }
-func (r *reader) u32() uint32 { return binary.LittleEndian.Uint32(r.take(4)) }
-func (r *reader) i64() int64  { return int64(binary.LittleEndian.Uint64(r.take(8))) }
+// fixed takes the n bytes of a number, zeros past the end.
+func (r *reader) fixed(n int) []byte {
+	if b := r.take(n); b != nil {
+		return b
+	}
+	return make([]byte, n)
+}
+
+func (r *reader) u8() uint8   { return r.fixed(1)[0] }
+func (r *reader) u16() uint16 { return binary.LittleEndian.Uint16(r.fixed(2)) }
+func (r *reader) u32() uint32 { return binary.LittleEndian.Uint32(r.fixed(4)) }
+func (r *reader) i64() int64  { return int64(binary.LittleEndian.Uint64(r.fixed(8))) }
 
 func (r *reader) bytes(n int) []byte {
 	b := r.take(n)

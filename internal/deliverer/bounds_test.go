@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/pacing"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
@@ -54,7 +54,7 @@ func gatherMany(t *testing.T, d *Deliverer, n int) (flush *wire.Job, pendingFiel
 // gathers is bounded by count; the rest is counted, and the digest says so.
 func TestDigestIsBoundedByCountAndSaysHowManyItLeftOut(t *testing.T) {
 	rec := &messages{}
-	_, d := declaredDeliverer(t, Config{DigestMaxFirings: 20, Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": rec})
+	_, d := declaredDeliverer(t, Config{DigestMaxFirings: 20, Limits: map[string][]pacing.Limit{}}, map[string]notify.Channel{"slack": rec})
 	const n = 300
 	_, fields := gatherMany(t, d, n)
 	// 20 jobs and the digest's own count, size and omitted fields.
@@ -78,7 +78,7 @@ func TestDigestIsBoundedByCountAndSaysHowManyItLeftOut(t *testing.T) {
 // The byte bound holds whatever the count: big firings fill a digest sooner.
 func TestDigestIsBoundedByBytes(t *testing.T) {
 	rec := &messages{}
-	_, d := declaredDeliverer(t, Config{DigestMaxBytes: 2000, Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": rec})
+	_, d := declaredDeliverer(t, Config{DigestMaxBytes: 2000, Limits: map[string][]pacing.Limit{}}, map[string]notify.Channel{"slack": rec})
 	const n = 100
 	gatherMany(t, d, n)
 	rec.mu.Lock()
@@ -98,7 +98,7 @@ func TestDigestIsBoundedByBytes(t *testing.T) {
 func TestRedeliveredOmittedJobCountsOnce(t *testing.T) {
 	ctx := context.Background()
 	rec := &messages{}
-	_, d := declaredDeliverer(t, Config{DigestMaxFirings: 1, Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": rec})
+	_, d := declaredDeliverer(t, Config{DigestMaxFirings: 1, Limits: map[string][]pacing.Limit{}}, map[string]notify.Channel{"slack": rec})
 	for _, id := range []string{"a", "b", "c", "c"} { // c comes twice
 		j := throttledJob(t, id, time.Hour)
 		if id == "c" {

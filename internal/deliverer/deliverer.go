@@ -30,9 +30,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/pacing"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/seal"
@@ -45,20 +45,20 @@ type Publisher interface {
 }
 
 // Limiter paces messages to one destination under several sliding-window
-// limits (counter.Limiter): Reserve gives each message its turn.
+// limits (pacing.Limiter): Reserve gives each message its turn.
 type Limiter interface {
-	Reserve(ctx context.Context, key string, limits ...counter.Limit) (time.Duration, error)
+	Reserve(ctx context.Context, key string, limits ...pacing.Limit) (time.Duration, error)
 }
 
 // DefaultLimits are the providers' own rate limits per destination, so that
 // a storm of firings is paced instead of refused: Telegram allows a chat
 // about one message a second and a group twenty a minute; Slack an incoming
 // webhook one a second, and Loop, Slack-compatible, is paced alike.
-func DefaultLimits() map[string][]counter.Limit {
-	return map[string][]counter.Limit{
-		rules.Telegram: {counter.PerSecond(1), counter.PerMinute(20)},
-		rules.Slack:    {counter.PerSecond(1)},
-		rules.Loop:     {counter.PerSecond(1)},
+func DefaultLimits() map[string][]pacing.Limit {
+	return map[string][]pacing.Limit{
+		rules.Telegram: {pacing.PerSecond(1), pacing.PerMinute(20)},
+		rules.Slack:    {pacing.PerSecond(1)},
+		rules.Loop:     {pacing.PerSecond(1)},
 	}
 }
 
@@ -103,7 +103,7 @@ type Config struct {
 	Keep time.Duration
 	// Limits pace each destination of a channel, by channel name
 	// [DefaultLimits]. A message over a limit waits; it is never dropped.
-	Limits map[string][]counter.Limit
+	Limits map[string][]pacing.Limit
 	// DigestMaxFirings and DigestMaxBytes bound what one (rule, channel)
 	// gathers during its minPeriod [500 firings, 1 MiB of jobs]: firings
 	// past either are counted, and the digest says how many it left out.
@@ -230,7 +230,7 @@ func New(cfg Config) *Deliverer {
 	n, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
 	return &Deliverer{
 		cfg: cfg, channels: cfg.Channels, rdb: cfg.Redis, pub: cfg.Publisher, log: cfg.Logger, metrics: cfg.Metrics,
-		limiter:  counter.NewLimiter(cfg.Redis, cfg.Prefix),
+		limiter:  pacing.New(cfg.Redis, cfg.Prefix),
 		scripts:  newScripts(),
 		instance: strconv.FormatInt(n.Int64(), 36),
 		refused:  newRefusals(),

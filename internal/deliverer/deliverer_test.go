@@ -23,12 +23,12 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/notify/notifytest"
 	"github.com/klaxonhq/klaxon/internal/notify/slack"
 	"github.com/klaxonhq/klaxon/internal/notify/webhook"
+	"github.com/klaxonhq/klaxon/internal/pacing"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/testenv"
 	"github.com/klaxonhq/klaxon/internal/wire"
@@ -221,7 +221,7 @@ func (f *flaky) Notify(ctx context.Context, endpoint string, m *notify.Message) 
 func TestShortRetryAfterKeepsTheBackoff(t *testing.T) {
 	ch := &flaky{retryAfter: 100 * time.Millisecond, tried: make(chan struct{}, 16)}
 	// No pacing, so that only the retry delay spaces the tries.
-	pub, d := startDeliverer(t, Config{Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"webhook": ch})
+	pub, d := startDeliverer(t, Config{Limits: map[string][]pacing.Limit{}}, map[string]notify.Channel{"webhook": ch})
 	q := d.Queue()
 	body, err := json.Marshal(wire.Job{
 		Channel: "webhook", Endpoint: "https://hooks.example/T1", ProjectID: "p", RuleID: "r",
@@ -256,7 +256,7 @@ func TestShortRetryAfterKeepsTheBackoff(t *testing.T) {
 // again, without a try that would be refused and spend an attempt.
 func TestLongRetryAfterIsHonoured(t *testing.T) {
 	ch := &flaky{retryAfter: time.Hour, tried: make(chan struct{}, 16)}
-	pub, d := startDeliverer(t, Config{Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"webhook": ch})
+	pub, d := startDeliverer(t, Config{Limits: map[string][]pacing.Limit{}}, map[string]notify.Channel{"webhook": ch})
 	body, err := json.Marshal(wire.Job{
 		Channel: "webhook", Endpoint: "https://hooks.example/T1", ProjectID: "p", RuleID: "r",
 		Notification: &notify.Notification{ID: "n1", Type: notify.TypeNew, FiredAt: time.Now()},
@@ -467,7 +467,7 @@ func TestHungEndpointDoesNotDelayOtherNotifications(t *testing.T) {
 
 	client := &http.Client{}
 	pub, d := startDelivererWith(t,
-		Config{SendTimeout: time.Minute, Limits: map[string][]counter.Limit{}},
+		Config{SendTimeout: time.Minute, Limits: map[string][]pacing.Limit{}},
 		map[string]notify.Channel{"webhook": webhook.New(client), "slack": slack.New(client)},
 		queue.ConsumerConfig{Prefetch: 64, MaxBatch: 1, Concurrency: 64})
 	var releaseOnce sync.Once
@@ -647,7 +647,7 @@ func TestFlushRecordsOutcomesKeptInMemory(t *testing.T) {
 // transaction, and its record once sent.
 func TestANotificationCostsTwoRedisRoundTrips(t *testing.T) {
 	rec := &recorder{}
-	pub, d := startDeliverer(t, Config{Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": rec})
+	pub, d := startDeliverer(t, Config{Limits: map[string][]pacing.Limit{}}, map[string]notify.Channel{"slack": rec})
 	trips := &roundTrips{}
 	d.rdb.AddHook(trips)
 	m := job(t, "n1")

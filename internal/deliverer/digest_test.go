@@ -14,9 +14,9 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/pacing"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/testenv"
 	"github.com/klaxonhq/klaxon/internal/wire"
@@ -68,7 +68,7 @@ func sentIDs(t *testing.T, rec *recorder, n int, quiet time.Duration) []string {
 // "digested": the digest's send must not take it for done.
 func TestDigestOfOneIsSent(t *testing.T) {
 	rec := &recorder{}
-	pub, d := startDeliverer(t, Config{Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": rec})
+	pub, d := startDeliverer(t, Config{Limits: map[string][]pacing.Limit{}}, map[string]notify.Channel{"slack": rec})
 	publishJobs(t, pub, d.Queue(), throttledJob(t, "n1", time.Second), throttledJob(t, "n2", time.Second))
 	// Handled at once, either may be the one sent first.
 	if ids := sentIDs(t, rec, 2, 2*time.Second); !slices.Equal(slices.Sorted(slices.Values(ids)), []string{"n1", "n2"}) {
@@ -81,7 +81,7 @@ func TestDigestOfOneIsSent(t *testing.T) {
 // must not gather the firing again, nor send it alone.
 func TestRedeliveredGatheredJobNotSentAgain(t *testing.T) {
 	rec := &recorder{}
-	pub, d := startDeliverer(t, Config{Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": rec})
+	pub, d := startDeliverer(t, Config{Limits: map[string][]pacing.Limit{}}, map[string]notify.Channel{"slack": rec})
 	n1, n2, n3 := throttledJob(t, "n1", time.Second), throttledJob(t, "n2", time.Second), throttledJob(t, "n3", time.Second)
 	publishJobs(t, pub, d.Queue(), n1, n2, n3)
 	if ids := sentIDs(t, rec, 2, 0); len(ids) != 2 {
@@ -113,7 +113,7 @@ func TestRedeliveredGatheredJobNotSentAgain(t *testing.T) {
 func newTestDeliverer(t *testing.T, prefix string, rdb redis.UniversalClient, pub *queue.Publisher, ch notify.Channel) *Deliverer {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	return New(Config{Prefix: prefix, Limits: map[string][]counter.Limit{},
+	return New(Config{Prefix: prefix, Limits: map[string][]pacing.Limit{},
 		Redis: rdb, Publisher: pub, Channels: map[string]notify.Channel{"slack": ch}, Logger: log, Metrics: metrics.New(prometheus.NewRegistry())})
 }
 
@@ -124,7 +124,7 @@ func newTestDeliverer(t *testing.T, prefix string, rdb redis.UniversalClient, pu
 func TestFlushTakenByADigestInFlightStillFlushes(t *testing.T) {
 	ctx := context.Background()
 	rec := &recorder{}
-	pub, base := startDeliverer(t, Config{Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": rec})
+	pub, base := startDeliverer(t, Config{Limits: map[string][]pacing.Limit{}}, map[string]notify.Channel{"slack": rec})
 	a := newTestDeliverer(t, base.cfg.Prefix, testenv.Redis(t), pub, rec)
 	b := newTestDeliverer(t, base.cfg.Prefix, testenv.Redis(t), pub, rec)
 	world := testenv.Redis(t)
@@ -207,7 +207,7 @@ func counterValue(t *testing.T, d *Deliverer, channel, outcome string) float64 {
 func TestDigestRetryDoesNotSpendTheNextDigestsAttempts(t *testing.T) {
 	ctx := context.Background()
 	ch := &flaky{tried: make(chan struct{}, 16)}
-	_, d := declaredDeliverer(t, Config{MaxAttempts: 2, Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": ch})
+	_, d := declaredDeliverer(t, Config{MaxAttempts: 2, Limits: map[string][]pacing.Limit{}}, map[string]notify.Channel{"slack": ch})
 	// The period is short: n2's digest comes a minPeriod after n1's was sent.
 	flush := &wire.Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 1000, ProjectID: "p", RuleID: "r"}
 	keys := d.minPeriodKeys(flush)
@@ -282,7 +282,7 @@ func (s *slowFirst) Notify(ctx context.Context, _ string, _ *notify.Message) (bo
 func TestMinPeriodRunsFromTheEndOfTheSend(t *testing.T) {
 	const period = time.Second
 	p := &slowFirst{slow: 600 * time.Millisecond, started: make(chan struct{})}
-	pub, d := startDeliverer(t, Config{Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": p})
+	pub, d := startDeliverer(t, Config{Limits: map[string][]pacing.Limit{}}, map[string]notify.Channel{"slack": p})
 	publishJobs(t, pub, d.Queue(), throttledJob(t, "n1", period))
 	select {
 	case <-p.started:

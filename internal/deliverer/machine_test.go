@@ -13,9 +13,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/notify"
+	"github.com/klaxonhq/klaxon/internal/pacing"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/testenv"
 	"github.com/klaxonhq/klaxon/internal/wire"
@@ -119,7 +119,7 @@ func newMachine(t *testing.T, answers ...reply) *machine {
 	m := &machine{t: t, broker: &fakeBroker{}, clock: &fakeClock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)},
 		ch: &provider{answers: answers}}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	m.d = New(Config{Prefix: testenv.KeyPrefix(t), Now: m.clock.now, Limits: map[string][]counter.Limit{},
+	m.d = New(Config{Prefix: testenv.KeyPrefix(t), Now: m.clock.now, Limits: map[string][]pacing.Limit{},
 		Redis: testenv.Redis(t), Publisher: m.broker, Channels: map[string]notify.Channel{"webhook": m.ch}, Logger: log, Metrics: metrics.New(prometheus.NewRegistry())})
 	return m
 }

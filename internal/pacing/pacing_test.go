@@ -1,18 +1,19 @@
-package counter
+package pacing
 
 import (
 	"context"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
 // Thirty messages for one Telegram chat at once (1 a second, 20 a minute):
 // each gets a turn of its own, the first at once, and no window of either
 // period ever holds more than its limit. The 21st waits for the minute.
 func TestReserveGivesEachMessageItsTurn(t *testing.T) {
-	rdb := testRedis(t)
-	l := NewLimiter(rdb, testPrefix(t, rdb))
+	l := New(testenv.Redis(t), testenv.KeyPrefix(t))
 	ctx := context.Background()
 	limits := []Limit{PerSecond(1), PerMinute(20)}
 	var turns []time.Time
