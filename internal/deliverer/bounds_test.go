@@ -32,7 +32,7 @@ func gatherMany(t *testing.T, d *Deliverer, n int) (flush *wire.Job, pendingFiel
 	t.Helper()
 	ctx := context.Background()
 	for i := range n {
-		j := throttledJob(t, "n"+time.Duration(i).String(), time.Hour)
+		j := periodJob(t, "n"+time.Duration(i).String(), time.Hour)
 		if err := d.deliver(ctx, &j, "tok"); err != nil {
 			t.Fatal(err)
 		}
@@ -100,7 +100,7 @@ func TestRedeliveredOmittedJobCountsOnce(t *testing.T) {
 	rec := &messages{}
 	_, d := declaredDeliverer(t, Config{DigestMaxFirings: 1, Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": rec})
 	for _, id := range []string{"a", "b", "c", "c"} { // c comes twice
-		j := throttledJob(t, id, time.Hour)
+		j := periodJob(t, id, time.Hour)
 		if id == "c" {
 			d.rdb.Del(ctx, d.claimKey(j.Key())) // its record was never written
 		}

@@ -46,7 +46,7 @@ func (d *Deliverer) periodsFromSendEnd(ctx context.Context, job *wire.Job) {
 	}
 }
 
-// gather passes a job through its channel's minPeriod: gathered false
+// gather passes a job through its channel's minPeriod gate: gathered false
 // means send it now, true that it waits for the digest, whose flush it
 // scheduled if needed; omitted that the digest was full and only counts it.
 func (d *Deliverer) gather(ctx context.Context, job *wire.Job) (gathered, omitted bool, err error) {
@@ -55,19 +55,19 @@ func (d *Deliverer) gather(ctx context.Context, job *wire.Job) (gathered, omitte
 		return false, false, fmt.Errorf("encode job: %w", err)
 	}
 	k := d.minPeriodKeys(job)
-	raw, err := d.scripts.throttle.Run(ctx, d.rdb, []string{k.state, k.pending, k.gathered}, job.MinPeriod, job.Notification.ID, body,
+	raw, err := d.scripts.gate.Run(ctx, d.rdb, []string{k.state, k.pending, k.gathered}, job.MinPeriod, job.Notification.ID, body,
 		d.cfg.DigestMaxFirings, d.cfg.DigestMaxBytes).Int64Slice()
-	var r throttleReply
+	var r gateReply
 	if err == nil {
-		r, err = decodeThrottle(raw)
+		r, err = decodeGate(raw)
 	}
 	if err != nil {
 		return false, false, fmt.Errorf("minPeriod of rule %s on %s: %w", job.RuleID, job.Channel, err)
 	}
 	switch r.code {
-	case throttleSendNow:
+	case gateSendNow:
 		return false, false, nil
-	case throttleFlushIn:
+	case gateFlushIn:
 		if err := d.schedule(ctx, flushJob(job), r.flushIn, false); err != nil {
 			return false, false, err
 		}

@@ -22,8 +22,8 @@ import (
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
-// throttledJob is a firing for a Slack channel with a minPeriod.
-func throttledJob(t *testing.T, id string, minPeriod time.Duration) wire.Job {
+// periodJob is a firing for a Slack channel with a minPeriod.
+func periodJob(t *testing.T, id string, minPeriod time.Duration) wire.Job {
 	t.Helper()
 	return wire.Job{
 		Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: minPeriod.Milliseconds(), ProjectID: "p", RuleID: "r",
@@ -69,7 +69,7 @@ func sentIDs(t *testing.T, rec *recorder, n int, quiet time.Duration) []string {
 func TestDigestOfOneIsSent(t *testing.T) {
 	rec := &recorder{}
 	pub, d := startDeliverer(t, Config{Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": rec})
-	publishJobs(t, pub, d.Queue(), throttledJob(t, "n1", time.Second), throttledJob(t, "n2", time.Second))
+	publishJobs(t, pub, d.Queue(), periodJob(t, "n1", time.Second), periodJob(t, "n2", time.Second))
 	// Handled at once, either may be the one sent first.
 	if ids := sentIDs(t, rec, 2, 2*time.Second); !slices.Equal(slices.Sorted(slices.Values(ids)), []string{"n1", "n2"}) {
 		t.Errorf("sent %v, want one at once, then the other alone after the minPeriod", ids)
@@ -82,7 +82,7 @@ func TestDigestOfOneIsSent(t *testing.T) {
 func TestRedeliveredGatheredJobNotSentAgain(t *testing.T) {
 	rec := &recorder{}
 	pub, d := startDeliverer(t, Config{Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": rec})
-	n1, n2, n3 := throttledJob(t, "n1", time.Second), throttledJob(t, "n2", time.Second), throttledJob(t, "n3", time.Second)
+	n1, n2, n3 := periodJob(t, "n1", time.Second), periodJob(t, "n2", time.Second), periodJob(t, "n3", time.Second)
 	publishJobs(t, pub, d.Queue(), n1, n2, n3)
 	if ids := sentIDs(t, rec, 2, 0); len(ids) != 2 {
 		t.Fatalf("sent %v, want one firing, then a digest of the other two", ids)
@@ -133,7 +133,7 @@ func TestFlushTakenByADigestInFlightStillFlushes(t *testing.T) {
 	keys := a.minPeriodKeys(flush)
 	pend := func(id string) {
 		t.Helper()
-		body, err := json.Marshal(throttledJob(t, id, time.Second))
+		body, err := json.Marshal(periodJob(t, id, time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -213,7 +213,7 @@ func TestDigestRetryDoesNotSpendTheNextDigestsAttempts(t *testing.T) {
 	keys := d.minPeriodKeys(flush)
 	pend := func(id string) {
 		t.Helper()
-		body, err := json.Marshal(throttledJob(t, id, time.Second))
+		body, err := json.Marshal(periodJob(t, id, time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -283,13 +283,13 @@ func TestMinPeriodRunsFromTheEndOfTheSend(t *testing.T) {
 	const period = time.Second
 	p := &slowFirst{slow: 600 * time.Millisecond, started: make(chan struct{})}
 	pub, d := startDeliverer(t, Config{Limits: map[string][]counter.Limit{}}, map[string]notify.Channel{"slack": p})
-	publishJobs(t, pub, d.Queue(), throttledJob(t, "n1", period))
+	publishJobs(t, pub, d.Queue(), periodJob(t, "n1", period))
 	select {
 	case <-p.started:
 	case <-time.After(20 * time.Second):
 		t.Fatal("the first message never came")
 	}
-	publishJobs(t, pub, d.Queue(), throttledJob(t, "n2", period))
+	publishJobs(t, pub, d.Queue(), periodJob(t, "n2", period))
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		p.mu.Lock()

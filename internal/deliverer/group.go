@@ -35,7 +35,7 @@ func (d *Deliverer) deliverGroup(ctx context.Context, job *wire.Job, token strin
 		f := job.Firings[i]
 		switch a {
 		case admitted:
-			f.Throttled = one.Throttled
+			f.Gated = one.Gated
 			now = append(now, f)
 		case heldElsewhere:
 			later = append(later, f)

@@ -157,7 +157,7 @@ func TestMachineGroupedRetry(t *testing.T) {
 	m := newMachine(t, reply{status: 503})
 	m.handle(grouped(t, time.Minute, []string{"a", "b"}, "b"))
 	msg, retry := m.published(m.d.delayQueue(500*time.Millisecond), m.d.delayQueue(time.Second))
-	if len(retry.Firings) != 2 || retry.Firings[0].Throttled || !retry.Firings[1].Throttled || retry.Attempt != 1 {
+	if len(retry.Firings) != 2 || retry.Firings[0].Gated || !retry.Firings[1].Gated || retry.Attempt != 1 {
 		t.Fatalf("retry job %+v, want both firings, b past its gate, attempt 1", retry)
 	}
 	if msg.MessageID != retry.Key() || m.record("a")+m.record("b") != "" {

@@ -89,7 +89,7 @@ const (
 
 // admit takes the firing of a single job through its claim, its rule's
 // snooze (hold) and its channel's minPeriod (gather), recording what
-// they make of it. admitted leaves the firing claimed, job.Throttled set
+// they make of it. admitted leaves the firing claimed, job.Gated set
 // when it passed the minPeriod gate; heldElsewhere comes with the wait
 // until the other deliverer's claim expires.
 func (d *Deliverer) admit(ctx context.Context, job *wire.Job, token string) (admission, time.Duration, error) {
@@ -115,7 +115,7 @@ func (d *Deliverer) admit(ctx context.Context, job *wire.Job, token string) (adm
 	if held, err := d.hold(ctx, job, key, snoozes); held || err != nil {
 		return settledBefore, 0, err
 	}
-	if job.MinPeriod > 0 && !job.Throttled {
+	if job.MinPeriod > 0 && !job.Gated {
 		gathered, omitted, err := d.gather(ctx, job)
 		if err != nil {
 			return 0, 0, err
@@ -130,7 +130,7 @@ func (d *Deliverer) admit(ctx context.Context, job *wire.Job, token string) (adm
 			d.metrics.Notifications.WithLabelValues(job.Channel, "digested").Inc()
 			return settledBefore, 0, d.record(ctx, key, "digested")
 		}
-		job.Throttled = true
+		job.Gated = true
 	}
 	return admitted, 0, nil
 }

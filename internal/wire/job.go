@@ -47,9 +47,11 @@ type Job struct {
 	// retry finding that digest settled by another flush job counts its
 	// attempts afresh on what it flushes next.
 	Generation string `json:"generation,omitempty"`
-	// Throttled is set once the job passed the minPeriod gate, so that a
-	// retry does not queue it for a digest.
-	Throttled bool `json:"throttled,omitempty"`
+	// Gated is set once the job passed the minPeriod gate, so that a
+	// retry does not queue it for a digest. It keeps the wire name of
+	// earlier versions, which read it: a retry one of them takes must not
+	// pass the gate again.
+	Gated bool `json:"throttled,omitempty"`
 	// Snooze, for the job that sends a snooze's summary once it ended,
 	// is that snooze (snooze.go); nil otherwise.
 	Snooze *snooze.Snooze `json:"snooze,omitempty"`
@@ -80,8 +82,9 @@ type Firing struct {
 	RuleID       string               `json:"ruleId"`
 	MinPeriod    int64                `json:"minPeriod,omitempty"` // ms
 	Notification *notify.Notification `json:"notification"`
-	// Throttled is set once the firing passed its minPeriod gate.
-	Throttled bool `json:"throttled,omitempty"`
+	// Gated is set once the firing passed its minPeriod gate (on the
+	// wire as Job.Gated).
+	Gated bool `json:"throttled,omitempty"`
 }
 
 // Key identifies the job's message: a firing on a channel, or, for a
@@ -117,7 +120,7 @@ func GroupID(ids []string) string {
 func (j *Job) Single(i int) Job {
 	f := j.Firings[i]
 	return Job{Channel: j.Channel, Endpoint: j.Endpoint, MinPeriod: f.MinPeriod, ProjectID: j.ProjectID,
-		RuleID: f.RuleID, Notification: f.Notification, Throttled: f.Throttled,
+		RuleID: f.RuleID, Notification: f.Notification, Gated: f.Gated,
 		Attempt: j.Attempt, NotBefore: j.NotBefore, Paced: j.Paced}
 }
 
