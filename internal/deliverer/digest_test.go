@@ -25,10 +25,7 @@ import (
 // periodJob is a firing for a Slack channel with a minPeriod.
 func periodJob(t *testing.T, id string, minPeriod time.Duration) wire.Job {
 	t.Helper()
-	return wire.Job{
-		Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: minPeriod.Milliseconds(), ProjectID: "p", RuleID: "r",
-		Notification: &notify.Notification{ID: id, Type: notify.TypeNew, FiredAt: time.Now()},
-	}
+	return oneFiring("slack", "https://hooks.example/T1", "r", minPeriod, &notify.Notification{ID: id, Type: notify.TypeNew, FiredAt: time.Now()})
 }
 
 func publishJobs(t *testing.T, pub *queue.Publisher, q string, jobs ...wire.Job) {
@@ -104,7 +101,7 @@ func TestRedeliveredGatheredJobNotSentAgain(t *testing.T) {
 	}
 	publishJobs(t, pub, d.Queue(), *gathered) // its redelivery
 	if ids := sentIDs(t, rec, 2, 2500*time.Millisecond); len(ids) != 2 {
-		t.Errorf("sent %v, want %s in one digest only", ids, gathered.Notification.ID)
+		t.Errorf("sent %v, want %s in one digest only", ids, gathered.Firings[0].Notification.ID)
 	}
 }
 
@@ -133,7 +130,8 @@ func TestFlushTakenByADigestInFlightStillFlushes(t *testing.T) {
 	keys := a.minPeriodKeys(flush)
 	pend := func(id string) {
 		t.Helper()
-		body, err := json.Marshal(periodJob(t, id, time.Second))
+		j := periodJob(t, id, time.Second)
+		body, err := j.MarshalFlat()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -213,7 +211,8 @@ func TestDigestRetryDoesNotSpendTheNextDigestsAttempts(t *testing.T) {
 	keys := d.minPeriodKeys(flush)
 	pend := func(id string) {
 		t.Helper()
-		body, err := json.Marshal(periodJob(t, id, time.Second))
+		j := periodJob(t, id, time.Second)
+		body, err := j.MarshalFlat()
 		if err != nil {
 			t.Fatal(err)
 		}

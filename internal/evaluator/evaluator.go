@@ -279,7 +279,7 @@ func (e *Evaluator) publish(ctx context.Context, dead []queue.Message, evs []cou
 			// would count it again otherwise.
 			e.Metrics.Notifications.WithLabelValues(t.job.Channel, "failed").Inc()
 			e.Log.Error("firing too big for a delivery job: sent to the failed queue", "project", t.job.ProjectID,
-				"rule", cut(t.job.RuleID), "channel", t.job.Channel, "notification_id", t.job.Notification.ID,
+				"rule", cut(t.job.Rule()), "channel", t.job.Channel, "notification_id", t.job.Firings[0].Notification.ID,
 				"bytes", t.size, "limit", limit, "queue", e.FailedQueue)
 		}
 		return nil
@@ -583,8 +583,8 @@ func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result
 	jobs := make([]queue.Message, 0, len(order))
 	var big []tooBig
 	for _, dest := range order {
-		base := wire.Job{Channel: dest.channel, Endpoint: e.Keys.Seal(dest.endpoint, ev.ProjectID, dest.channel),
-			ProjectID: ev.ProjectID}
+		base := wire.Job{Kind: wire.KindFirings, Channel: dest.channel,
+			Endpoint: e.Keys.Seal(dest.endpoint, ev.ProjectID, dest.channel), ProjectID: ev.ProjectID}
 		msgs, b, err := e.pack(base, to[dest], limit)
 		if err != nil {
 			return nil, nil, err

@@ -2,7 +2,6 @@ package evaluator_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/url"
 	"strings"
@@ -20,6 +19,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/testenv"
+	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
 // hawkEvents is a test's events database in FerretDB, written as Hawk's
@@ -75,19 +75,23 @@ func (h *hawkEvents) toggle(t *testing.T, groupHash, mark string, at int32) {
 }
 
 type sentJob struct {
-	RuleID       string              `json:"ruleId"`
-	Notification notify.Notification `json:"notification"`
+	RuleID       string
+	Notification notify.Notification
 }
 
+// jobsOf are the jobs of msgs, each of one firing.
 func jobsOf(t *testing.T, msgs []queue.Message) []sentJob {
 	t.Helper()
 	var out []sentJob
 	for _, m := range msgs {
-		var j sentJob
-		if err := json.Unmarshal(m.Body, &j); err != nil {
+		j, err := wire.DecodeJob(m.Body)
+		if err != nil {
 			t.Fatal(err)
 		}
-		out = append(out, j)
+		if len(j.Firings) != 1 {
+			t.Fatalf("job of %d firings, want one", len(j.Firings))
+		}
+		out = append(out, sentJob{RuleID: j.Firings[0].RuleID, Notification: *j.Firings[0].Notification})
 	}
 	return out
 }
