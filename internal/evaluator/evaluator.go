@@ -19,7 +19,7 @@ import (
 
 	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/event"
-	"github.com/klaxonhq/klaxon/internal/events"
+	"github.com/klaxonhq/klaxon/internal/hawkdb"
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
@@ -55,10 +55,10 @@ type Publisher interface {
 }
 
 // Groups says what Hawk's events database knows of an event group
-// (events.Reader: cached, each read bounded). An error means "unknown":
+// (hawkdb.Reader: cached, each read bounded). An error means "unknown":
 // the event is handled as if the database were not configured.
 type Groups interface {
-	Group(ctx context.Context, projectID, groupHash string) (events.Group, error)
+	Group(ctx context.Context, projectID, groupHash string) (hawkdb.Group, error)
 }
 
 // Storms follows the storms that SEEN_MORE firings start, for their
@@ -234,7 +234,7 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 // the broker's refusal says its max_message_size, and the messages are
 // built again within it.
 func (e *Evaluator) publish(ctx context.Context, dead []queue.Message, evs []counter.Event, msgs []event.Message,
-	results []counter.Result, groups map[groupKey]events.Group, regs *regressions) error {
+	results []counter.Result, groups map[groupKey]hawkdb.Group, regs *regressions) error {
 	brokerMax := int(e.brokerMax.Load()) // 0: not known
 	for {
 		limit, out := wire.MaxJobBytes, dead
@@ -320,7 +320,7 @@ func (e *Evaluator) tellStarved(ctx context.Context, s starvation) {
 // startStorms tells Storms of the batch's firings that want a "storm
 // over" message, replays included: a batch that failed after counting
 // comes back with its firings replayed, and Storms knows the ones it saw.
-func (e *Evaluator) startStorms(ctx context.Context, events []counter.Event, msgs []event.Message, results []counter.Result, groups map[groupKey]events.Group) error {
+func (e *Evaluator) startStorms(ctx context.Context, events []counter.Event, msgs []event.Message, results []counter.Result, groups map[groupKey]hawkdb.Group) error {
 	if e.Storms == nil {
 		return nil
 	}
@@ -356,7 +356,7 @@ const lookupConcurrency = 16
 // lookupGroups reads the batch's groups, each once, concurrently: what the
 // database does not answer in time is absent, and the events go on
 // without it.
-func (e *Evaluator) lookupGroups(ctx context.Context, pending []pendingEvent) map[groupKey]events.Group {
+func (e *Evaluator) lookupGroups(ctx context.Context, pending []pendingEvent) map[groupKey]hawkdb.Group {
 	if e.Groups == nil || len(pending) == 0 {
 		return nil
 	}
@@ -364,7 +364,7 @@ func (e *Evaluator) lookupGroups(ctx context.Context, pending []pendingEvent) ma
 	var (
 		mu  sync.Mutex
 		wg  sync.WaitGroup
-		out = make(map[groupKey]events.Group)
+		out = make(map[groupKey]hawkdb.Group)
 		sem = make(chan struct{}, lookupConcurrency)
 	)
 	for i := range pending {
@@ -378,7 +378,7 @@ func (e *Evaluator) lookupGroups(ctx context.Context, pending []pendingEvent) ma
 			defer func() { <-sem }()
 			g, err := e.Groups.Group(ctx, k.project, k.group)
 			if err != nil {
-				if !errors.Is(err, events.ErrNotFound) {
+				if !errors.Is(err, hawkdb.ErrNotFound) {
 					e.Log.Debug("events database lookup failed; going on without it", "project", k.project, "group", k.group, "error", err)
 				}
 				return
@@ -548,7 +548,7 @@ func (e *Evaluator) traceEvent(ev *counter.Event, res *counter.Result) {
 // With Hawk's events database, a firing carries the group's history as the
 // batch read it; a firing of a derived rule is the regression of its rule,
 // sent as that rule's (its id, channels and digests).
-func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result, groups map[groupKey]events.Group,
+func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result, groups map[groupKey]hawkdb.Group,
 	regs *regressions, limit int) ([]queue.Message, []tooBig, error) {
 	type destination struct{ channel, endpoint string }
 	var (
@@ -662,10 +662,10 @@ func (l Link) URL(projectID, groupHash, eventID string) string {
 }
 
 // history is the group's history as a firing's message tells it. Hawk's
-// count is read through a cache (events.Reader, 5 s), so the firing of a
+// count is read through a cache (hawkdb.Reader, 5 s), so the firing of a
 // burst may see it from before the burst; the total is never told below
 // the counts the message gives beside it: those events are the group's.
-func history(g events.Group, n *notify.Notification) *notify.History {
+func history(g hawkdb.Group, n *notify.Notification) *notify.History {
 	total := max(g.TotalCount, n.Count)
 	for _, w := range n.Windows {
 		total = max(total, w.Count)

@@ -14,7 +14,7 @@ import (
 
 	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/evaluator"
-	"github.com/klaxonhq/klaxon/internal/events"
+	"github.com/klaxonhq/klaxon/internal/hawkdb"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
@@ -26,7 +26,7 @@ import (
 // grouper and hawk.api write it.
 type hawkEvents struct{ db *mongo.Database }
 
-func newHawkEvents(t *testing.T) (*hawkEvents, *events.Reader) {
+func newHawkEvents(t *testing.T) (*hawkEvents, *hawkdb.Reader) {
 	t.Helper()
 	uri := testenv.Mongo(t)
 	u, err := url.Parse(uri)
@@ -41,7 +41,7 @@ func newHawkEvents(t *testing.T) (*hawkEvents, *events.Reader) {
 	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
 	// A TTL of a nanosecond: each batch reads marks anew, as a worker does
 	// once its 5 s have passed.
-	r, err := events.NewReader(uri, name, events.Options{TTL: time.Nanosecond, Timeout: 5 * time.Second})
+	r, err := hawkdb.NewReader(uri, name, hawkdb.Options{TTL: time.Nanosecond, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +199,7 @@ func TestNewGroupCarriesHistory(t *testing.T) {
 // wait and the extra lines, never the notification.
 func TestUnavailableEventsDatabaseStillDelivers(t *testing.T) {
 	// 192.0.2.1 (TEST-NET-1) is never routed: every read times out.
-	slow, err := events.NewReader("mongodb://192.0.2.1:27017/", "hawk_events", events.Options{Timeout: 50 * time.Millisecond})
+	slow, err := hawkdb.NewReader("mongodb://192.0.2.1:27017/", "hawk_events", hawkdb.Options{Timeout: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,8 +217,8 @@ func TestUnavailableEventsDatabaseStillDelivers(t *testing.T) {
 
 type failingGroups struct{}
 
-func (failingGroups) Group(context.Context, string, string) (events.Group, error) {
-	return events.Group{}, fmt.Errorf("connection refused")
+func (failingGroups) Group(context.Context, string, string) (hawkdb.Group, error) {
+	return hawkdb.Group{}, fmt.Errorf("connection refused")
 }
 
 // What reading Hawk's events database adds to a batch on the hot path: a
@@ -250,9 +250,9 @@ func BenchmarkHandleWithEventsDB(b *testing.B) {
 	}
 }
 
-// cachedGroups answers as a warm events.Reader does, without a database.
+// cachedGroups answers as a warm hawkdb.Reader does, without a database.
 type cachedGroups struct{}
 
-func (cachedGroups) Group(context.Context, string, string) (events.Group, error) {
-	return events.Group{TotalCount: 10, Resolved: 1700500000}, nil
+func (cachedGroups) Group(context.Context, string, string) (hawkdb.Group, error) {
+	return hawkdb.Group{TotalCount: 10, Resolved: 1700500000}, nil
 }
