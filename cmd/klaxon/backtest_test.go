@@ -17,7 +17,6 @@ import (
 	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/evaluator"
 	"github.com/klaxonhq/klaxon/internal/metrics"
-	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/store"
 	"github.com/klaxonhq/klaxon/internal/testenv"
@@ -195,20 +194,14 @@ func (c *capture) firings(t *testing.T) []firing {
 		if m.RoutingKey != "deliveries" {
 			continue
 		}
-		var job wire.Job
-		if err := json.Unmarshal(m.Body, &job); err != nil {
+		job, err := wire.DecodeJob(m.Body)
+		if err != nil {
 			t.Fatal(err)
 		}
 		// A job carries one firing, or an event's firings for one
 		// destination.
-		ns := []*notify.Notification{job.Notification}
-		if job.Notification == nil {
-			ns = ns[:0]
-			for _, f := range job.Firings {
-				ns = append(ns, f.Notification)
-			}
-		}
-		for _, n := range ns {
+		for _, fg := range job.Firings {
+			n := fg.Notification
 			if seen[n.ID] {
 				continue
 			}

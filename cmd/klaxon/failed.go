@@ -196,7 +196,7 @@ func describeFailed(d amqp.Delivery, keys *seal.Keys) failedMessage {
 		return m
 	}
 	m.failed = f
-	m.Kind, m.ProjectID, m.RuleID, m.Channel, m.Attempts = f.Kind(), f.ProjectID, f.RuleID, f.Channel, f.Attempt+1
+	m.Kind, m.ProjectID, m.RuleID, m.Channel, m.Attempts = f.Label(), f.ProjectID, f.Rule(), f.Channel, f.Attempt+1
 	m.Host = endpointHost(f.Channel, f.Endpoint)
 	for _, n := range f.Notifications {
 		if m.ProjectName == "" {

@@ -21,7 +21,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/deliverer"
 	"github.com/klaxonhq/klaxon/internal/evaluator"
-	"github.com/klaxonhq/klaxon/internal/events"
+	"github.com/klaxonhq/klaxon/internal/hawkdb"
 	"github.com/klaxonhq/klaxon/internal/livegroups"
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/notify"
@@ -104,7 +104,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 			// Optional: the driver connects lazily, and every read is
 			// bounded and cached, so an events database that is down at
 			// start or later costs messages their history, nothing more.
-			reader, err := events.NewReader(cfg.EventsMongoURL, cfg.EventsDatabase, events.Options{})
+			reader, err := hawkdb.NewReader(cfg.EventsMongoURL, cfg.EventsDatabase, hawkdb.Options{})
 			if err != nil {
 				return fmt.Errorf("%s: %w", config.EnvEventsMongoURL, err)
 			}

@@ -32,12 +32,12 @@ func gatherMany(t *testing.T, d *Deliverer, n int) (flush *wire.Job, pendingFiel
 	t.Helper()
 	ctx := context.Background()
 	for i := range n {
-		j := throttledJob(t, "n"+time.Duration(i).String(), time.Hour)
-		if err := d.deliver(ctx, &j, "tok"); err != nil {
+		j := periodJob(t, "n"+time.Duration(i).String(), time.Hour)
+		if err := d.deliverFirings(ctx, &j, "tok"); err != nil {
 			t.Fatal(err)
 		}
 	}
-	flush = flushJob(&wire.Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: time.Hour.Milliseconds(), ProjectID: "p", RuleID: "r"})
+	flush = flushJob(&wire.Job{Channel: "slack", Endpoint: "https://hooks.example/T1", ProjectID: "p"}, "r", time.Hour.Milliseconds())
 	keys := d.minPeriodKeys(flush)
 	pendingFields = d.rdb.HLen(ctx, keys.pending).Val()
 	if err := d.rdb.HSet(ctx, keys.state, "last", 0).Err(); err != nil {
@@ -100,15 +100,15 @@ func TestRedeliveredOmittedJobCountsOnce(t *testing.T) {
 	rec := &messages{}
 	_, d := declaredDeliverer(t, Config{DigestMaxFirings: 1, Limits: map[string][]pacing.Limit{}}, map[string]notify.Channel{"slack": rec})
 	for _, id := range []string{"a", "b", "c", "c"} { // c comes twice
-		j := throttledJob(t, id, time.Hour)
+		j := periodJob(t, id, time.Hour)
 		if id == "c" {
 			d.rdb.Del(ctx, d.claimKey(j.Key())) // its record was never written
 		}
-		if err := d.deliver(ctx, &j, "tok"); err != nil {
+		if err := d.deliverFirings(ctx, &j, "tok"); err != nil {
 			t.Fatal(err)
 		}
 	}
-	flush := flushJob(&wire.Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: time.Hour.Milliseconds(), ProjectID: "p", RuleID: "r"})
+	flush := flushJob(&wire.Job{Channel: "slack", Endpoint: "https://hooks.example/T1", ProjectID: "p"}, "r", time.Hour.Milliseconds())
 	d.rdb.HSet(ctx, d.minPeriodKeys(flush).state, "last", 0)
 	if err := d.deliverDigest(ctx, flush, "tok"); err != nil {
 		t.Fatal(err)

@@ -295,27 +295,26 @@ func (d *Deliverer) handle(ctx context.Context, dl queue.Delivery) error {
 		return d.pub.Publish(ctx, m)
 	}
 	token := d.claimToken(dl.DeliveryTag)
-	switch {
-	case d.now().Before(job.NotBefore):
+	if d.now().Before(job.NotBefore) {
 		// Back from the longest retry queue before the provider's
 		// Retry-After or its turn: wait again, without a try.
 		if job.Paced {
 			d.metrics.Notifications.WithLabelValues(job.Channel, "throttled").Inc()
 		}
 		return d.schedule(ctx, &job, job.NotBefore.Sub(d.now()), true)
-	case job.Snooze != nil:
-		return d.deliverSummary(ctx, &job, token)
-	case job.Notification == nil && len(job.Firings) == 0:
-		return d.deliverDigest(ctx, &job, token)
 	}
-	// A job parked past Keep goes on, to fail for good.
+	switch job.Kind {
+	case wire.KindFlush:
+		return d.deliverDigest(ctx, &job, token)
+	case wire.KindSnooze:
+		return d.deliverSummary(ctx, &job, token)
+	}
+	// wire.KindFirings, the kind left once decoded. A job parked past Keep
+	// goes on, to fail for good.
 	if why, wait := d.keptAway(ctx, &job); why != "" && (why != "circuit" || !d.jobTooOld(&job)) {
 		return d.putBack(ctx, &job, why, wait)
 	}
-	if len(job.Firings) > 0 {
-		return d.deliverGroup(ctx, &job, token)
-	}
-	return d.deliver(ctx, &job, token)
+	return d.deliverFirings(ctx, &job, token)
 }
 
 // keptAway reports what would keep a firing job from being sent now, and
@@ -345,9 +344,6 @@ func (d *Deliverer) putBack(ctx context.Context, job *wire.Job, why string, wait
 // jobTooOld reports whether a firing job carries a firing older than Keep.
 func (d *Deliverer) jobTooOld(job *wire.Job) bool {
 	var ns []notify.Notification
-	if job.Notification != nil {
-		ns = append(ns, *job.Notification)
-	}
 	for _, f := range job.Firings {
 		ns = append(ns, *f.Notification)
 	}

@@ -108,12 +108,17 @@ func startDelivererWith(t *testing.T, cfg Config, channels map[string]notify.Cha
 	return pub, d
 }
 
+// oneFiring is the job of firing n of rule, of project "p", on a
+// channel's endpoint, with the rule's minPeriod there.
+func oneFiring(channel, endpoint, rule string, minPeriod time.Duration, n *notify.Notification) wire.Job {
+	return wire.Job{Kind: wire.KindFirings, Channel: channel, Endpoint: endpoint, ProjectID: "p",
+		Firings: []wire.Firing{{RuleID: rule, MinPeriod: minPeriod.Milliseconds(), Notification: n}}}
+}
+
 func job(t *testing.T, id string) queue.Message {
 	t.Helper()
-	body, err := json.Marshal(wire.Job{
-		Channel: "slack", Endpoint: "https://hooks.example/T1", ProjectID: "p", RuleID: "r",
-		Notification: &notify.Notification{ID: id, Type: notify.TypeNew, FiredAt: time.Now()},
-	})
+	body, err := json.Marshal(oneFiring("slack", "https://hooks.example/T1", "r", 0,
+		&notify.Notification{ID: id, Type: notify.TypeNew, FiredAt: time.Now()}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,10 +228,8 @@ func TestShortRetryAfterKeepsTheBackoff(t *testing.T) {
 	// No pacing, so that only the retry delay spaces the tries.
 	pub, d := startDeliverer(t, Config{Limits: map[string][]pacing.Limit{}}, map[string]notify.Channel{"webhook": ch})
 	q := d.Queue()
-	body, err := json.Marshal(wire.Job{
-		Channel: "webhook", Endpoint: "https://hooks.example/T1", ProjectID: "p", RuleID: "r",
-		Notification: &notify.Notification{ID: "n1", Type: notify.TypeNew, FiredAt: time.Now()},
-	})
+	body, err := json.Marshal(oneFiring("webhook", "https://hooks.example/T1", "r", 0,
+		&notify.Notification{ID: "n1", Type: notify.TypeNew, FiredAt: time.Now()}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,10 +260,8 @@ func TestShortRetryAfterKeepsTheBackoff(t *testing.T) {
 func TestLongRetryAfterIsHonoured(t *testing.T) {
 	ch := &flaky{retryAfter: time.Hour, tried: make(chan struct{}, 16)}
 	pub, d := startDeliverer(t, Config{Limits: map[string][]pacing.Limit{}}, map[string]notify.Channel{"webhook": ch})
-	body, err := json.Marshal(wire.Job{
-		Channel: "webhook", Endpoint: "https://hooks.example/T1", ProjectID: "p", RuleID: "r",
-		Notification: &notify.Notification{ID: "n1", Type: notify.TypeNew, FiredAt: time.Now()},
-	})
+	body, err := json.Marshal(oneFiring("webhook", "https://hooks.example/T1", "r", 0,
+		&notify.Notification{ID: "n1", Type: notify.TypeNew, FiredAt: time.Now()}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,8 +346,8 @@ func TestSettledDigestLeavesTheNextInFlight(t *testing.T) {
 	keys := d.minPeriodKeys(flush)
 	pend := func(id string) {
 		t.Helper()
-		body, err := json.Marshal(wire.Job{Channel: "slack", ProjectID: "p", RuleID: "r",
-			Notification: &notify.Notification{ID: id, Type: notify.TypeNew, FiredAt: time.Now()}})
+		j := oneFiring("slack", "", "r", 0, &notify.Notification{ID: id, Type: notify.TypeNew, FiredAt: time.Now()})
+		body, err := j.MarshalFlat()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -476,10 +477,7 @@ func TestHungEndpointDoesNotDelayOtherNotifications(t *testing.T) {
 
 	jobTo := func(channel, endpoint, id string) queue.Message {
 		t.Helper()
-		body, err := json.Marshal(wire.Job{
-			Channel: channel, Endpoint: endpoint, ProjectID: "p", RuleID: "r",
-			Notification: new(notifytest.Threshold(id, "Hung provider "+id, time.Now())),
-		})
+		body, err := json.Marshal(oneFiring(channel, endpoint, "r", 0, new(notifytest.Threshold(id, "Hung provider "+id, time.Now()))))
 		if err != nil {
 			t.Fatal(err)
 		}

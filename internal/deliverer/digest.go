@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -14,7 +13,8 @@ import (
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
-// minPeriodKeys are the keys of job's (rule, channel) minPeriod.
+// minPeriodKeys are the keys of the minPeriod of a flush job's (rule,
+// channel).
 func (d *Deliverer) minPeriodKeys(job *wire.Job) minPeriodKeys {
 	base := d.cfg.Prefix + ":{mp:" + job.ProjectID + ":" + job.RuleID + ":" + job.Channel + "}"
 	return minPeriodKeys{state: base, pending: base + ":pending", inflight: base + ":inflight", gathered: base + ":gathered"}
@@ -28,13 +28,12 @@ func (d *Deliverer) minPeriodKeys(job *wire.Job) minPeriodKeys {
 // from the gate only lets a digest come by the send's time early.
 func (d *Deliverer) periodsFromSendEnd(ctx context.Context, job *wire.Job) {
 	var keys []string
-	if job.MinPeriod > 0 {
+	if job.MinPeriod > 0 { // a flush
 		keys = append(keys, d.minPeriodKeys(job).state)
 	}
-	for i, f := range job.Firings {
+	for _, f := range job.Firings {
 		if f.MinPeriod > 0 {
-			one := job.Single(i)
-			keys = append(keys, d.minPeriodKeys(&one).state)
+			keys = append(keys, d.minPeriodKeys(flushJob(job, f.RuleID, f.MinPeriod)).state)
 		}
 	}
 	for _, k := range keys {
@@ -46,38 +45,45 @@ func (d *Deliverer) periodsFromSendEnd(ctx context.Context, job *wire.Job) {
 	}
 }
 
-// gather passes a job through its channel's minPeriod: gathered false
-// means send it now, true that it waits for the digest, whose flush it
-// scheduled if needed; omitted that the digest was full and only counts it.
-func (d *Deliverer) gather(ctx context.Context, job *wire.Job) (gathered, omitted bool, err error) {
-	body, err := json.Marshal(job)
+// gather passes firing f of job through its rule's minPeriod gate on the
+// channel: gathered false means send it now, true that it waits for the
+// digest, whose flush it scheduled if needed; omitted that the digest was
+// full and only counts it. The digest keeps the firing as a job of its
+// own in the shape of earlier versions (wire.Job.MarshalFlat), which
+// flush digests beside this one during an upgrade.
+func (d *Deliverer) gather(ctx context.Context, job *wire.Job, f *wire.Firing) (gathered, omitted bool, err error) {
+	one := withFirings(job, []wire.Firing{*f})
+	body, err := one.MarshalFlat()
 	if err != nil {
-		return false, false, fmt.Errorf("encode job: %w", err)
+		return false, false, err
 	}
-	k := d.minPeriodKeys(job)
-	raw, err := d.scripts.throttle.Run(ctx, d.rdb, []string{k.state, k.pending, k.gathered}, job.MinPeriod, job.Notification.ID, body,
+	flush := flushJob(job, f.RuleID, f.MinPeriod)
+	k := d.minPeriodKeys(flush)
+	raw, err := d.scripts.gate.Run(ctx, d.rdb, []string{k.state, k.pending, k.gathered}, f.MinPeriod, f.Notification.ID, body,
 		d.cfg.DigestMaxFirings, d.cfg.DigestMaxBytes).Int64Slice()
-	var r throttleReply
+	var r gateReply
 	if err == nil {
-		r, err = decodeThrottle(raw)
+		r, err = decodeGate(raw)
 	}
 	if err != nil {
-		return false, false, fmt.Errorf("minPeriod of rule %s on %s: %w", job.RuleID, job.Channel, err)
+		return false, false, fmt.Errorf("minPeriod of rule %s on %s: %w", f.RuleID, job.Channel, err)
 	}
 	switch r.code {
-	case throttleSendNow:
+	case gateSendNow:
 		return false, false, nil
-	case throttleFlushIn:
-		if err := d.schedule(ctx, flushJob(job), r.flushIn, false); err != nil {
+	case gateFlushIn:
+		if err := d.schedule(ctx, flush, r.flushIn, false); err != nil {
 			return false, false, err
 		}
 	}
 	return true, r.omitted, nil
 }
 
-// flushJob is the job flushing the digest of job's rule and channel.
-func flushJob(job *wire.Job) *wire.Job {
-	return &wire.Job{Channel: job.Channel, Endpoint: job.Endpoint, MinPeriod: job.MinPeriod, ProjectID: job.ProjectID, RuleID: job.RuleID}
+// flushJob is the job flushing the digest of rule's minPeriod (ms) on
+// job's channel.
+func flushJob(job *wire.Job, rule string, minPeriod int64) *wire.Job {
+	return &wire.Job{Kind: wire.KindFlush, Channel: job.Channel, Endpoint: job.Endpoint, MinPeriod: minPeriod,
+		ProjectID: job.ProjectID, RuleID: rule}
 }
 
 // deliverDigest sends what a (rule, channel) gathered during its minPeriod.
@@ -90,7 +96,7 @@ func (d *Deliverer) deliverDigest(ctx context.Context, job *wire.Job, token stri
 		// This job settled a digest that was in flight before it came, and
 		// may be the flush that what was gathered since counts on (its
 		// sender, finding it gone, has nothing left to do): flush again.
-		job = flushJob(job)
+		job = flushJob(job, job.RuleID, job.MinPeriod)
 	}
 }
 
@@ -108,7 +114,7 @@ func (d *Deliverer) deliverDigestOnce(ctx context.Context, job *wire.Job, token 
 	}
 	if job.Generation != r.generation {
 		// The digest this job retried was settled by another flush job.
-		job = flushJob(job)
+		job = flushJob(job, job.RuleID, job.MinPeriod)
 	}
 	switch r.code {
 	case flushTooEarly:
@@ -120,12 +126,12 @@ func (d *Deliverer) deliverDigestOnce(ctx context.Context, job *wire.Job, token 
 	taken := r.code == flushTaken
 	var ns []notify.Notification
 	for _, body := range r.jobs {
-		var pending wire.Job
-		if err := json.Unmarshal([]byte(body), &pending); err != nil || pending.Notification == nil {
+		pending, err := wire.ParseJob([]byte(body))
+		if err != nil || pending.Kind != wire.KindFirings || len(pending.Firings) != 1 || pending.Firings[0].Notification == nil {
 			d.log.Error("unusable job in a digest: dropped from it", "rule", job.RuleID, "channel", job.Channel, "error", err)
 			continue
 		}
-		ns = append(ns, *pending.Notification)
+		ns = append(ns, *pending.Firings[0].Notification)
 	}
 	slices.SortFunc(ns, cmpTimeThenID)
 	msg := digestMessage(job, ns, r.omitted)

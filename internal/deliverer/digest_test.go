@@ -22,13 +22,10 @@ import (
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
-// throttledJob is a firing for a Slack channel with a minPeriod.
-func throttledJob(t *testing.T, id string, minPeriod time.Duration) wire.Job {
+// periodJob is a firing for a Slack channel with a minPeriod.
+func periodJob(t *testing.T, id string, minPeriod time.Duration) wire.Job {
 	t.Helper()
-	return wire.Job{
-		Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: minPeriod.Milliseconds(), ProjectID: "p", RuleID: "r",
-		Notification: &notify.Notification{ID: id, Type: notify.TypeNew, FiredAt: time.Now()},
-	}
+	return oneFiring("slack", "https://hooks.example/T1", "r", minPeriod, &notify.Notification{ID: id, Type: notify.TypeNew, FiredAt: time.Now()})
 }
 
 func publishJobs(t *testing.T, pub *queue.Publisher, q string, jobs ...wire.Job) {
@@ -69,7 +66,7 @@ func sentIDs(t *testing.T, rec *recorder, n int, quiet time.Duration) []string {
 func TestDigestOfOneIsSent(t *testing.T) {
 	rec := &recorder{}
 	pub, d := startDeliverer(t, Config{Limits: map[string][]pacing.Limit{}}, map[string]notify.Channel{"slack": rec})
-	publishJobs(t, pub, d.Queue(), throttledJob(t, "n1", time.Second), throttledJob(t, "n2", time.Second))
+	publishJobs(t, pub, d.Queue(), periodJob(t, "n1", time.Second), periodJob(t, "n2", time.Second))
 	// Handled at once, either may be the one sent first.
 	if ids := sentIDs(t, rec, 2, 2*time.Second); !slices.Equal(slices.Sorted(slices.Values(ids)), []string{"n1", "n2"}) {
 		t.Errorf("sent %v, want one at once, then the other alone after the minPeriod", ids)
@@ -82,7 +79,7 @@ func TestDigestOfOneIsSent(t *testing.T) {
 func TestRedeliveredGatheredJobNotSentAgain(t *testing.T) {
 	rec := &recorder{}
 	pub, d := startDeliverer(t, Config{Limits: map[string][]pacing.Limit{}}, map[string]notify.Channel{"slack": rec})
-	n1, n2, n3 := throttledJob(t, "n1", time.Second), throttledJob(t, "n2", time.Second), throttledJob(t, "n3", time.Second)
+	n1, n2, n3 := periodJob(t, "n1", time.Second), periodJob(t, "n2", time.Second), periodJob(t, "n3", time.Second)
 	publishJobs(t, pub, d.Queue(), n1, n2, n3)
 	if ids := sentIDs(t, rec, 2, 0); len(ids) != 2 {
 		t.Fatalf("sent %v, want one firing, then a digest of the other two", ids)
@@ -104,7 +101,7 @@ func TestRedeliveredGatheredJobNotSentAgain(t *testing.T) {
 	}
 	publishJobs(t, pub, d.Queue(), *gathered) // its redelivery
 	if ids := sentIDs(t, rec, 2, 2500*time.Millisecond); len(ids) != 2 {
-		t.Errorf("sent %v, want %s in one digest only", ids, gathered.Notification.ID)
+		t.Errorf("sent %v, want %s in one digest only", ids, gathered.Firings[0].Notification.ID)
 	}
 }
 
@@ -133,7 +130,8 @@ func TestFlushTakenByADigestInFlightStillFlushes(t *testing.T) {
 	keys := a.minPeriodKeys(flush)
 	pend := func(id string) {
 		t.Helper()
-		body, err := json.Marshal(throttledJob(t, id, time.Second))
+		j := periodJob(t, id, time.Second)
+		body, err := j.MarshalFlat()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -213,7 +211,8 @@ func TestDigestRetryDoesNotSpendTheNextDigestsAttempts(t *testing.T) {
 	keys := d.minPeriodKeys(flush)
 	pend := func(id string) {
 		t.Helper()
-		body, err := json.Marshal(throttledJob(t, id, time.Second))
+		j := periodJob(t, id, time.Second)
+		body, err := j.MarshalFlat()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -283,13 +282,13 @@ func TestMinPeriodRunsFromTheEndOfTheSend(t *testing.T) {
 	const period = time.Second
 	p := &slowFirst{slow: 600 * time.Millisecond, started: make(chan struct{})}
 	pub, d := startDeliverer(t, Config{Limits: map[string][]pacing.Limit{}}, map[string]notify.Channel{"slack": p})
-	publishJobs(t, pub, d.Queue(), throttledJob(t, "n1", period))
+	publishJobs(t, pub, d.Queue(), periodJob(t, "n1", period))
 	select {
 	case <-p.started:
 	case <-time.After(20 * time.Second):
 		t.Fatal("the first message never came")
 	}
-	publishJobs(t, pub, d.Queue(), throttledJob(t, "n2", period))
+	publishJobs(t, pub, d.Queue(), periodJob(t, "n2", period))
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		p.mu.Lock()

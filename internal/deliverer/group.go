@@ -8,34 +8,32 @@ import (
 	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
-// A grouped job carries the firings of several rules for one event that
-// share its destination (docs/contract.md §5.8). Each firing is admitted
-// on its own, as if its job were single: its claim under its own key (the
-// key a single job of it would have), its rule's snooze, its rule's
-// minPeriod. What is admitted goes as one message; the outcome is recorded
-// under every firing's key. So a firing is sent once whichever job carries
+// A firings job carries one firing, or the firings of several rules for
+// one event that share its destination (docs/contract.md §5.8). Each
+// firing is admitted on its own: its claim under its own key
+// (wire.FiringKey), its rule's snooze, its rule's minPeriod. What is
+// admitted goes as one message; the outcome is recorded under every
+// firing's key. So a firing is sent once whichever job carries
 // it: a replay that groups another set of firings (a rule edited in
 // between) finds those already sent recorded and sends the rest, and a
 // firing inside its rule's minPeriod goes to that rule's digest, never
 // around it.
 
-// deliverGroup sends the firings of a grouped job that are still to be
-// sent, as one message; one left is sent as a single firing.
-func (d *Deliverer) deliverGroup(ctx context.Context, job *wire.Job, token string) error {
+// deliverFirings sends the firings of a firings job that are still to be
+// sent, as one message: a grouped message, or a single firing's own when
+// one is left.
+func (d *Deliverer) deliverFirings(ctx context.Context, job *wire.Job, token string) error {
 	var now, later []wire.Firing
 	var wait time.Duration
-	for i := range job.Firings {
-		one := job.Single(i)
-		a, w, err := d.admit(ctx, &one, token)
+	for _, f := range job.Firings {
+		a, w, err := d.admit(ctx, job, &f, token)
 		if err != nil {
 			// Claims taken so far are this delivery's: the batch's next
 			// try finds them its own.
 			return err
 		}
-		f := job.Firings[i]
 		switch a {
 		case admitted:
-			f.Throttled = one.Throttled
 			now = append(now, f)
 		case heldElsewhere:
 			later = append(later, f)
@@ -55,19 +53,20 @@ func (d *Deliverer) deliverGroup(ctx context.Context, job *wire.Job, token strin
 		return nil
 	}
 	next := withFirings(job, now)
-	msg, keys := d.groupMessage(&next)
+	msg, keys := d.firingsMessage(&next)
 	ctx, cancel := withGrace(ctx, sendGrace)
 	defer cancel()
 	_, err := d.deliverMessage(ctx, &next, keys, msg)
 	return err
 }
 
-// groupMessage is the message of a job made by withFirings, and the claim
-// keys of its firings: the grouped message, its id derived from the
-// firings' ids, or the single firing's own.
-func (d *Deliverer) groupMessage(job *wire.Job) (*notify.Message, []string) {
-	if n := job.Notification; n != nil {
-		return &notify.Message{ID: n.ID, ProjectID: job.ProjectID, RuleID: job.RuleID, Notifications: []notify.Notification{*n}},
+// firingsMessage is the message of a firings job, and the claim keys of
+// its firings: a single firing's own, or the grouped message, its id
+// derived from the firings' ids.
+func (d *Deliverer) firingsMessage(job *wire.Job) (*notify.Message, []string) {
+	if len(job.Firings) == 1 {
+		f := job.Firings[0]
+		return &notify.Message{ID: f.Notification.ID, ProjectID: job.ProjectID, RuleID: f.RuleID, Notifications: []notify.Notification{*f.Notification}},
 			[]string{d.claimKey(job.Key())}
 	}
 	msg := &notify.Message{ProjectID: job.ProjectID, Grouped: true}
@@ -81,13 +80,9 @@ func (d *Deliverer) groupMessage(job *wire.Job) (*notify.Message, []string) {
 	return msg, keys
 }
 
-// withFirings is job carrying only fs: a grouped job, or the single job of
-// the one firing left, with job's attempts and turn.
+// withFirings is job carrying only fs, with job's attempts and turn.
 func withFirings(job *wire.Job, fs []wire.Firing) wire.Job {
 	next := *job
 	next.Firings = fs
-	if len(fs) == 1 {
-		next = next.Single(0)
-	}
 	return next
 }

@@ -16,7 +16,7 @@ import (
 // paced.
 func grouped(t *testing.T, minPeriod time.Duration, ids []string, paced ...string) []byte {
 	t.Helper()
-	j := wire.Job{Channel: "webhook", Endpoint: "https://example.com/hook", ProjectID: "p"}
+	j := wire.Job{Kind: wire.KindFirings, Channel: "webhook", Endpoint: "https://example.com/hook", ProjectID: "p"}
 	for _, id := range ids {
 		f := wire.Firing{RuleID: "r-" + id, Notification: &notify.Notification{ID: id, RuleID: "r-" + id, Type: notify.TypeNew, FiredAt: time.Unix(1, 0)}}
 		if slices.Contains(paced, id) {
@@ -31,11 +31,11 @@ func grouped(t *testing.T, minPeriod time.Duration, ids []string, paced ...strin
 	return body
 }
 
-// firingOf is a single job of firing id of rule "r-<id>".
+// firingOf is the job of firing id of rule "r-<id>" alone.
 func firingOf(t *testing.T, id string, minPeriod time.Duration) []byte {
 	t.Helper()
-	body, err := json.Marshal(wire.Job{Channel: "webhook", Endpoint: "https://example.com/hook", ProjectID: "p", RuleID: "r-" + id,
-		MinPeriod: minPeriod.Milliseconds(), Notification: &notify.Notification{ID: id, RuleID: "r-" + id, Type: notify.TypeNew, FiredAt: time.Unix(1, 0)}})
+	body, err := json.Marshal(oneFiring("webhook", "https://example.com/hook", "r-"+id, minPeriod,
+		&notify.Notification{ID: id, RuleID: "r-" + id, Type: notify.TypeNew, FiredAt: time.Unix(1, 0)}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func TestMachineGroupedKeepsEachRulesMinPeriod(t *testing.T) {
 	m.handle(firingOf(t, "b0", time.Minute)) // rule r-b0's period starts
 	m.wantSent("single b0")
 	// Rule r-b0 fires again, with rules r-a and r-c, inside its period.
-	j := wire.Job{Channel: "webhook", Endpoint: "https://example.com/hook", ProjectID: "p", Firings: []wire.Firing{
+	j := wire.Job{Kind: wire.KindFirings, Channel: "webhook", Endpoint: "https://example.com/hook", ProjectID: "p", Firings: []wire.Firing{
 		{RuleID: "r-a", Notification: &notify.Notification{ID: "a", RuleID: "r-a", FiredAt: time.Unix(2, 0)}},
 		{RuleID: "r-b0", MinPeriod: time.Minute.Milliseconds(), Notification: &notify.Notification{ID: "b1", RuleID: "r-b0", FiredAt: time.Unix(2, 0)}},
 		{RuleID: "r-c", Notification: &notify.Notification{ID: "c", RuleID: "r-c", FiredAt: time.Unix(2, 0)}},
@@ -124,7 +124,7 @@ func TestMachineGroupedKeepsEachRulesMinPeriod(t *testing.T) {
 	body, _ := json.Marshal(j)
 	m.handle(body)
 	_, flush := m.published(queuesUpTo(m.d, time.Minute)...)
-	if flush.RuleID != "r-b0" || flush.Notification != nil || len(flush.Firings) != 0 {
+	if flush.Kind != wire.KindFlush || flush.RuleID != "r-b0" || len(flush.Firings) != 0 {
 		t.Errorf("scheduled %+v, want the flush of rule r-b0's digest", flush)
 	}
 	m.wantSent("single b0", "grouped a c")
@@ -140,7 +140,7 @@ func TestMachineGroupedKeepsEachRulesMinPeriod(t *testing.T) {
 	m.handle(grouped(t, time.Minute, []string{"f", "e2"}, "e2"))
 	m.nothingPublished() // r-e2 is a rule of its own: outside its period
 	m.wantSent("single b0", "grouped a c", "grouped d e", "grouped f e2")
-	second := wire.Job{Channel: "webhook", Endpoint: "https://example.com/hook", ProjectID: "p", Firings: []wire.Firing{
+	second := wire.Job{Kind: wire.KindFirings, Channel: "webhook", Endpoint: "https://example.com/hook", ProjectID: "p", Firings: []wire.Firing{
 		{RuleID: "r-g", Notification: &notify.Notification{ID: "g", RuleID: "r-g", FiredAt: time.Unix(3, 0)}},
 		{RuleID: "r-e", MinPeriod: time.Minute.Milliseconds(), Notification: &notify.Notification{ID: "e3", RuleID: "r-e", FiredAt: time.Unix(3, 0)}},
 	}}
@@ -157,7 +157,7 @@ func TestMachineGroupedRetry(t *testing.T) {
 	m := newMachine(t, reply{status: 503})
 	m.handle(grouped(t, time.Minute, []string{"a", "b"}, "b"))
 	msg, retry := m.published(m.d.delayQueue(500*time.Millisecond), m.d.delayQueue(time.Second))
-	if len(retry.Firings) != 2 || retry.Firings[0].Throttled || !retry.Firings[1].Throttled || retry.Attempt != 1 {
+	if len(retry.Firings) != 2 || retry.Firings[0].Gated || !retry.Firings[1].Gated || retry.Attempt != 1 {
 		t.Fatalf("retry job %+v, want both firings, b past its gate, attempt 1", retry)
 	}
 	if msg.MessageID != retry.Key() || m.record("a")+m.record("b") != "" {
@@ -187,7 +187,7 @@ func TestMachineGroupedAfterAPartialSend(t *testing.T) {
 	}
 	m.handle(grouped(t, 0, []string{"a", "b", "c"}))
 	msg, later := m.published(queuesUpTo(m.d, time.Hour)...)
-	if later.Notification == nil || later.Notification.ID != "b" || later.RuleID != "r-b" {
+	if len(later.Firings) != 1 || later.Firings[0].Notification.ID != "b" || later.Rule() != "r-b" {
 		t.Fatalf("scheduled %+v, want b's single job", later)
 	}
 	m.wantSent("single c")
@@ -213,11 +213,58 @@ func TestMachineGroupedHoldsASnoozedRule(t *testing.T) {
 	}
 	m.handle(grouped(t, 0, []string{"a", "b", "c"}))
 	_, summary := m.published(queuesUpTo(m.d, time.Hour)...)
-	if summary.Snooze == nil || summary.RuleID != "r-b" {
+	if summary.Kind != wire.KindSnooze || summary.Snooze == nil || summary.RuleID != "r-b" {
 		t.Errorf("scheduled %+v, want rule r-b's snooze summary", summary)
 	}
 	m.wantSent("grouped a c")
 	if got := m.record("b"); got != "snoozed" {
 		t.Errorf("b recorded %q, want snoozed", got)
+	}
+}
+
+// earlier is a job of the previous version, which had no kind and kept a
+// single firing at the top level: literal, as it sits in a queue.
+func earlier(id, extra string) []byte {
+	return []byte(`{"channel":"webhook","endpoint":"https://example.com/hook","minPeriod":60000,"projectId":"p","ruleId":"r",` +
+		`"notification":{"id":"` + id + `","type":"new","ruleId":"r","firedAt":"1970-01-01T00:00:01Z"}` + extra + `}`)
+}
+
+// Jobs the previous version left in the queues, and the firings it left in
+// a digest, are delivered as they would have been: under the same claims,
+// a retry past its gate not gathered again, a flush of the earlier shape
+// sending what both versions gathered.
+func TestMachineJobsOfThePreviousVersion(t *testing.T) {
+	m := newMachine(t)
+	m.handle(earlier("n1", ""))
+	m.nothingPublished()
+	m.handle(earlier("n1", "")) // redelivered: a duplicate
+	m.nothingPublished()
+	if got := m.record("n1"); got != "sent" {
+		t.Fatalf("n1 recorded %q, want sent", got)
+	}
+	m.handle(earlier("n2", "")) // inside r's minPeriod: gathered
+	_, flush := m.published(queuesUpTo(m.d, time.Minute)...)
+	if flush.Kind != wire.KindFlush || flush.RuleID != "r" || flush.MinPeriod != 60000 {
+		t.Fatalf("scheduled %+v, want r's flush", flush)
+	}
+	m.handle(earlier("n3", `,"attempt":1,"throttled":true`)) // a retry past its gate goes
+	m.nothingPublished()
+	m.wantSent("single n1", "single n3")
+
+	// The previous version gathered n4 into the same digest.
+	keys := m.d.minPeriodKeys(&flush)
+	ctx := t.Context()
+	if err := m.d.rdb.HSet(ctx, keys.pending, "n4", earlier("n4", "")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	m.d.rdb.HIncrBy(ctx, keys.pending, "#n", 1)
+	if err := m.d.rdb.HIncrBy(ctx, keys.state, "last", -time.Minute.Milliseconds()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	m.handle([]byte(`{"channel":"webhook","endpoint":"https://example.com/hook","minPeriod":60000,"projectId":"p","ruleId":"r"}`))
+	m.nothingPublished()
+	m.wantSent("single n1", "single n3", "digest n2 n4")
+	if got := m.record("n2") + " " + m.record("n3"); got != "digested sent" {
+		t.Errorf("records of n2 and n3 %q", got)
 	}
 }

@@ -166,8 +166,8 @@ func (m *machine) record(id string) string {
 
 func firing(t *testing.T, id string, minPeriod time.Duration) []byte {
 	t.Helper()
-	body, err := json.Marshal(wire.Job{Channel: "webhook", Endpoint: "https://example.com/hook", ProjectID: "p", RuleID: "r",
-		MinPeriod: minPeriod.Milliseconds(), Notification: &notify.Notification{ID: id, Type: notify.TypeNew, FiredAt: time.Unix(1, 0)}})
+	body, err := json.Marshal(oneFiring("webhook", "https://example.com/hook", "r", minPeriod,
+		&notify.Notification{ID: id, Type: notify.TypeNew, FiredAt: time.Unix(1, 0)}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +271,7 @@ func TestMachineDigestOfTwoFirings(t *testing.T) {
 	m.nothingPublished()
 	m.handle(firing(t, "n2", time.Minute))
 	flush, fj := m.published(m.d.delayQueue(32 * time.Second)) // the longest rung not past the minute
-	if fj.Notification != nil {
+	if fj.Kind != wire.KindFlush {
 		t.Fatalf("scheduled %+v, want a flush job", fj)
 	}
 	m.handle(firing(t, "n3", time.Minute)) // gathered: its flush is scheduled already

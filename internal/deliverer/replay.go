@@ -14,7 +14,8 @@ import (
 )
 
 // Failed is a message of the failed queue (<prefix>.failed): the job that
-// failed for good and the firings it carried (docs/operating.md).
+// failed for good and the firings it carried (docs/operating.md), as
+// wire.FailedRecord wrote it.
 type Failed struct {
 	wire.Job
 	// Notifications are the firings the failed message carried: the job's
@@ -22,28 +23,34 @@ type Failed struct {
 	Notifications []notify.Notification `json:"notifications,omitempty"`
 }
 
-// DecodeFailed reads a failed queue message's body.
+// DecodeFailed reads a failed queue message's body, of this version or an
+// earlier one: the job's kind is told by its shape (wire.ParseJob).
 func DecodeFailed(body []byte) (Failed, error) {
 	var f Failed
 	if err := json.Unmarshal(body, &f); err != nil {
 		return f, fmt.Errorf("failed message is not JSON: %w", err)
 	}
+	job, err := wire.ParseJob(body)
+	if err != nil {
+		return f, err
+	}
+	f.Job = job
 	if f.Channel == "" || f.ProjectID == "" {
 		return f, errors.New("failed message lacks channel or projectId")
 	}
 	return f, nil
 }
 
-// Kind says what the failed message was: "firing", "grouped" (the firings
-// of one event on one destination), "digest" (a minPeriod digest) or
-// "snooze summary".
-func (f *Failed) Kind() string {
+// Label says what the failed message was: "firing", "grouped" (the
+// firings of one event on one destination), "digest" (a minPeriod digest)
+// or "snooze summary".
+func (f *Failed) Label() string {
 	switch {
-	case len(f.Firings) > 0:
+	case f.Kind == wire.KindFirings && len(f.Firings) > 1:
 		return "grouped"
-	case f.Notification != nil:
+	case f.Kind == wire.KindFirings:
 		return "firing"
-	case f.Snooze != nil:
+	case f.Kind == wire.KindSnooze:
 		return "snooze summary"
 	}
 	return "digest"
@@ -62,7 +69,7 @@ var ErrNotReplayable = errors.New("a digest or snooze summary is not replayed: '
 // (ClearFailed): a firing recorded as failed is done for the deliverer,
 // which would drop the replayed job as a duplicate.
 func (f *Failed) Replay() (wire.Job, error) {
-	if f.Notification == nil && len(f.Firings) == 0 {
+	if f.Kind != wire.KindFirings {
 		return wire.Job{}, ErrNotReplayable
 	}
 	job := f.Job
@@ -82,7 +89,7 @@ var clearFailed = redis.NewScript(`if redis.call('GET', KEYS[1]) == 'failed' the
 // records it cleared.
 func ClearFailed(ctx context.Context, rdb redis.UniversalClient, prefix string, job *wire.Job) (int, error) {
 	d := &Deliverer{cfg: Config{Prefix: prefix}}
-	keys := []string{d.claimKey(job.Key())}
+	var keys []string
 	for _, f := range job.Firings {
 		keys = append(keys, d.claimKey(wire.FiringKey(f.Notification.ID, job.Channel)))
 	}

@@ -31,8 +31,8 @@ func (d *Deliverer) schedule(ctx context.Context, job *wire.Job, delay time.Dura
 	}
 	rung := pickDelay(delay, atLeast)
 	q := d.delayQueue(rung)
-	id := "flush"
-	if job.Notification != nil || len(job.Firings) > 0 {
+	id := "flush" // a flush or a snooze summary
+	if job.Kind == wire.KindFirings {
 		id = job.Key()
 	}
 	m := queue.Message{RoutingKey: q, Body: body, MessageID: id, ContentType: "application/json"}

@@ -15,8 +15,8 @@ import (
 // version, a proxy in the way) is an error that holds the batch, never a
 // panic. The scripts' own comments say what each key holds.
 
-//go:embed throttle.lua
-var throttleLua string
+//go:embed gate.lua
+var gateLua string
 
 //go:embed flush.lua
 var flushLua string
@@ -33,16 +33,16 @@ var sentLua string
 // scripts are the deliverer's scripts, loaded once (EVALSHA, falling back
 // to EVAL).
 type scripts struct {
-	throttle, flush, drop, hold, sent *redis.Script
+	gate, flush, drop, hold, sent *redis.Script
 }
 
 func newScripts() scripts {
 	return scripts{
-		throttle: redis.NewScript(throttleLua),
-		flush:    redis.NewScript(flushLua),
-		drop:     redis.NewScript(dropLua),
-		hold:     redis.NewScript(holdLua),
-		sent:     redis.NewScript(sentLua),
+		gate:  redis.NewScript(gateLua),
+		flush: redis.NewScript(flushLua),
+		drop:  redis.NewScript(dropLua),
+		hold:  redis.NewScript(holdLua),
+		sent:  redis.NewScript(sentLua),
 	}
 }
 
@@ -55,27 +55,27 @@ type minPeriodKeys struct {
 	gathered string // sorted set: the ids gathered, by ms
 }
 
-// Replies of throttle.lua.
+// Replies of gate.lua.
 const (
-	throttleSendNow  = 0 // send now: the minPeriod starts now, and again when the send ends
-	throttleGathered = 1 // gathered (now or before); no flush to schedule
-	throttleFlushIn  = 2 // gathered; schedule a flush in the reply's delay
+	gateSendNow  = 0 // send now: the minPeriod starts now, and again when the send ends
+	gateGathered = 1 // gathered (now or before); no flush to schedule
+	gateFlushIn  = 2 // gathered; schedule a flush in the reply's delay
 )
 
-type throttleReply struct {
+type gateReply struct {
 	code    int64
-	flushIn time.Duration // throttleFlushIn: when the flush is due
+	flushIn time.Duration // gateFlushIn: when the flush is due
 	omitted bool          // the digest was full: the job is only counted
 }
 
-func decodeThrottle(r []int64) (throttleReply, error) {
+func decodeGate(r []int64) (gateReply, error) {
 	switch {
-	case len(r) == 1 && r[0] == throttleSendNow:
-		return throttleReply{code: throttleSendNow}, nil
-	case len(r) == 3 && (r[0] == throttleGathered || r[0] == throttleFlushIn) && r[1] >= 0 && (r[2] == 0 || r[2] == 1):
-		return throttleReply{code: r[0], flushIn: time.Duration(r[1]) * time.Millisecond, omitted: r[2] == 1}, nil
+	case len(r) == 1 && r[0] == gateSendNow:
+		return gateReply{code: gateSendNow}, nil
+	case len(r) == 3 && (r[0] == gateGathered || r[0] == gateFlushIn) && r[1] >= 0 && (r[2] == 0 || r[2] == 1):
+		return gateReply{code: r[0], flushIn: time.Duration(r[1]) * time.Millisecond, omitted: r[2] == 1}, nil
 	}
-	return throttleReply{}, fmt.Errorf("throttle.lua: unexpected reply %v", r)
+	return gateReply{}, fmt.Errorf("gate.lua: unexpected reply %v", r)
 }
 
 // Replies of flush.lua.

@@ -9,12 +9,12 @@ import (
 // in the way) is an error that holds the batch, never a panic or a guess.
 func TestScriptRepliesDecodedOrRefused(t *testing.T) {
 	for _, r := range [][]int64{nil, {}, {0, 1}, {1}, {2, 5}, {3, 0, 0}, {1, -1, 0}, {2, 0, 2}} {
-		if got, err := decodeThrottle(r); err == nil {
-			t.Errorf("decodeThrottle(%v) = %+v, want an error", r, got)
+		if got, err := decodeGate(r); err == nil {
+			t.Errorf("decodeGate(%v) = %+v, want an error", r, got)
 		}
 	}
-	if got, err := decodeThrottle([]int64{2, 1500, 1}); err != nil || got.code != throttleFlushIn || got.flushIn != 1500*time.Millisecond || !got.omitted {
-		t.Errorf("decodeThrottle({2, 1500, 1}) = %+v, %v", got, err)
+	if got, err := decodeGate([]int64{2, 1500, 1}); err != nil || got.code != gateFlushIn || got.flushIn != 1500*time.Millisecond || !got.omitted {
+		t.Errorf("decodeGate({2, 1500, 1}) = %+v, %v", got, err)
 	}
 
 	for _, r := range [][]any{nil, {}, {"0"}, {int64(7)}, {int64(1)}, {int64(1), "5"}, {int64(2), int64(0)},

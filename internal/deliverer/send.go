@@ -2,7 +2,6 @@ package deliverer
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -59,24 +58,6 @@ func failure(retry bool, err error) outcome {
 	return o
 }
 
-// deliver sends one firing on one channel, once.
-func (d *Deliverer) deliver(ctx context.Context, job *wire.Job, token string) error {
-	switch a, wait, err := d.admit(ctx, job, token); {
-	case err != nil:
-		return err
-	case a == settledBefore:
-		return nil
-	case a == heldElsewhere:
-		return d.schedule(ctx, job, wait, true)
-	}
-	n := job.Notification
-	msg := &notify.Message{ID: n.ID, ProjectID: job.ProjectID, RuleID: job.RuleID, Notifications: []notify.Notification{*n}}
-	ctx, cancel := withGrace(ctx, sendGrace)
-	defer cancel()
-	_, err := d.deliverMessage(ctx, job, []string{d.claimKey(job.Key())}, msg)
-	return err
-}
-
 // admission is what a firing's claim, its rule's snooze and its minPeriod
 // make of it.
 type admission int
@@ -87,20 +68,20 @@ const (
 	heldElsewhere                  // another deliverer holds its claim
 )
 
-// admit takes the firing of a single job through its claim, its rule's
-// snooze (hold) and its channel's minPeriod (gather), recording what
-// they make of it. admitted leaves the firing claimed, job.Throttled set
-// when it passed the minPeriod gate; heldElsewhere comes with the wait
-// until the other deliverer's claim expires.
-func (d *Deliverer) admit(ctx context.Context, job *wire.Job, token string) (admission, time.Duration, error) {
-	key := d.claimKey(job.Key())
+// admit takes firing f of job through its claim, its rule's snooze (hold)
+// and its rule's minPeriod on the channel (gather), recording what they
+// make of it. admitted leaves the firing claimed, f.Gated set when it
+// passed the minPeriod gate; heldElsewhere comes with the wait until the
+// other deliverer's claim expires.
+func (d *Deliverer) admit(ctx context.Context, job *wire.Job, f *wire.Firing, token string) (admission, time.Duration, error) {
+	key := d.claimKey(wire.FiringKey(f.Notification.ID, job.Channel))
 	if ok, err := d.settled(ctx, key); ok {
 		return settledBefore, 0, err
 	}
 	// The rule's snoozes are read with the claim: one round trip for both.
 	var snoozes *snooze.Lookup
 	state, wait, err := d.claimAndRead(ctx, key, token, func(c redis.Cmdable) {
-		snoozes = snooze.New(d.rdb, d.cfg.Prefix).Lookup(ctx, c, job.ProjectID, job.RuleID, job.Notification.Event.GroupHash)
+		snoozes = snooze.New(d.rdb, d.cfg.Prefix).Lookup(ctx, c, job.ProjectID, f.RuleID, f.Notification.Event.GroupHash)
 	})
 	if err != nil {
 		return 0, 0, err
@@ -112,11 +93,11 @@ func (d *Deliverer) admit(ctx context.Context, job *wire.Job, token string) (adm
 	case busy:
 		return heldElsewhere, wait, nil
 	}
-	if held, err := d.hold(ctx, job, key, snoozes); held || err != nil {
+	if held, err := d.hold(ctx, job, f, key, snoozes); held || err != nil {
 		return settledBefore, 0, err
 	}
-	if job.MinPeriod > 0 && !job.Throttled {
-		gathered, omitted, err := d.gather(ctx, job)
+	if f.MinPeriod > 0 && !f.Gated {
+		gathered, omitted, err := d.gather(ctx, job, f)
 		if err != nil {
 			return 0, 0, err
 		}
@@ -130,7 +111,7 @@ func (d *Deliverer) admit(ctx context.Context, job *wire.Job, token string) (adm
 			d.metrics.Notifications.WithLabelValues(job.Channel, "digested").Inc()
 			return settledBefore, 0, d.record(ctx, key, "digested")
 		}
-		job.Throttled = true
+		f.Gated = true
 	}
 	return admitted, 0, nil
 }
@@ -215,7 +196,7 @@ func (d *Deliverer) settle(ctx context.Context, job *wire.Job, keys []string, ms
 	if o.kind == outcomeWait {
 		return false, d.waitTurn(ctx, job, keys, msg, o)
 	}
-	log := d.log.With("channel", job.Channel, "project", job.ProjectID, "rule", job.RuleID,
+	log := d.log.With("channel", job.Channel, "project", job.ProjectID, "rule", job.Rule(),
 		"notification_id", msg.ID, "firings", len(msg.Notifications), "attempt", job.Attempt+1)
 	if o.kind == outcomeSent {
 		d.metrics.Notifications.WithLabelValues(job.Channel, "sent").Inc()
@@ -335,7 +316,7 @@ func (d *Deliverer) fail(ctx context.Context, job *wire.Job, msg *notify.Message
 	switch {
 	case !netguard.IsRefused(err):
 		log.Error("notification failed for good", "error", err, "retryable", o.kind == outcomeRetry)
-	case d.refused.first(job.ProjectID+"\x00"+job.RuleID+"\x00"+job.Channel, d.now()):
+	case d.refused.first(job.ProjectID+"\x00"+job.Rule()+"\x00"+job.Channel, d.now()):
 		// The reason names an address or host, never the endpoint URL.
 		log.Error("endpoint refused",
 			"error", err)
@@ -343,13 +324,9 @@ func (d *Deliverer) fail(ctx context.Context, job *wire.Job, msg *notify.Message
 		log.Debug("notification failed for good", "error", err)
 	}
 	d.metrics.Notifications.WithLabelValues(job.Channel, "failed").Inc()
-	failed := Failed{Job: *job, Notifications: msg.Notifications}
-	if msg.Digest {
-		failed.Notification = nil
-	}
-	body, jerr := json.Marshal(failed)
+	body, jerr := wire.FailedRecord(job, msg.Notifications)
 	if jerr != nil {
-		return fmt.Errorf("encode failed job: %w", jerr)
+		return jerr
 	}
 	if err := d.pub.Publish(ctx, queue.Message{
 		RoutingKey: d.cfg.FailedQueue, Body: body, MessageID: msg.ID + ":" + job.Channel,

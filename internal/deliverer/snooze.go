@@ -35,11 +35,11 @@ const snoozePoll = time.Minute
 // summary delayed by a broker or provider outage.
 const heldFor = 48 * time.Hour
 
-// hold holds back a firing whose rule (or group) is snoozed, as snoozes
-// (read with its claim) say: it is recorded as snoozed, and kept for the
-// snooze's summary. held false means send it.
-func (d *Deliverer) hold(ctx context.Context, job *wire.Job, key string, snoozes *snooze.Lookup) (held bool, err error) {
-	n := job.Notification
+// hold holds back firing f of job when its rule (or group) is snoozed, as
+// snoozes (read with its claim) say: it is recorded as snoozed, and kept
+// for the snooze's summary. held false means send it.
+func (d *Deliverer) hold(ctx context.Context, job *wire.Job, f *wire.Firing, key string, snoozes *snooze.Lookup) (held bool, err error) {
+	n := f.Notification
 	now := d.now()
 	sn, err := snoozes.Active(now)
 	if err != nil || sn == nil {
@@ -57,17 +57,17 @@ func (d *Deliverer) hold(ctx context.Context, job *wire.Job, key string, snoozes
 			schedule, err = decodeHold(r)
 		}
 		if err != nil {
-			return false, fmt.Errorf("hold %s for the snooze of rule %s: %w", n.ID, job.RuleID, err)
+			return false, fmt.Errorf("hold %s for the snooze of rule %s: %w", n.ID, f.RuleID, err)
 		}
 		if schedule {
-			if err := d.schedule(ctx, summaryJob(job, sn), min(sn.Until.Sub(now), snoozePoll), false); err != nil {
+			if err := d.schedule(ctx, summaryJob(job, f.RuleID, sn), min(sn.Until.Sub(now), snoozePoll), false); err != nil {
 				return false, err
 			}
 		}
 	}
 	d.metrics.Notifications.WithLabelValues(job.Channel, "snoozed").Inc()
 	d.log.Info("notification held back: rule snoozed", "channel", job.Channel, "project", job.ProjectID,
-		"rule", job.RuleID, "notification_id", n.ID, "snoozed_until", sn.Until)
+		"rule", f.RuleID, "notification_id", n.ID, "snoozed_until", sn.Until)
 	return true, d.record(ctx, key, "snoozed")
 }
 
@@ -76,10 +76,10 @@ func (d *Deliverer) heldKey(sn *snooze.Snooze, channel string) string {
 	return d.cfg.Prefix + ":snoozed:" + sn.ID() + ":" + channel
 }
 
-// summaryJob is the job that sends, once sn ended, what it held on job's
-// channel.
-func summaryJob(job *wire.Job, sn *snooze.Snooze) *wire.Job {
-	return &wire.Job{Channel: job.Channel, Endpoint: job.Endpoint, ProjectID: job.ProjectID, RuleID: job.RuleID, Snooze: sn}
+// summaryJob is the job that sends, once sn, a snooze of rule, ended, what
+// it held on job's channel.
+func summaryJob(job *wire.Job, rule string, sn *snooze.Snooze) *wire.Job {
+	return &wire.Job{Kind: wire.KindSnooze, Channel: job.Channel, Endpoint: job.Endpoint, ProjectID: job.ProjectID, RuleID: rule, Snooze: sn}
 }
 
 // deliverSummary sends what a snooze held back on a channel, as one

@@ -18,7 +18,7 @@ import (
 
 	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/event"
-	"github.com/klaxonhq/klaxon/internal/events"
+	"github.com/klaxonhq/klaxon/internal/hawkdb"
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
@@ -53,10 +53,10 @@ type Publisher interface {
 }
 
 // Groups says what Hawk's events database knows of an event group
-// (events.Reader: cached, each read bounded). An error means "unknown":
+// (hawkdb.Reader: cached, each read bounded). An error means "unknown":
 // the event is handled as if the database were not configured.
 type Groups interface {
-	Group(ctx context.Context, projectID, groupHash string) (events.Group, error)
+	Group(ctx context.Context, projectID, groupHash string) (hawkdb.Group, error)
 }
 
 // Storms follows the storms that SEEN_MORE firings start, for their
@@ -238,7 +238,7 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 // the broker's refusal says its max_message_size, and the messages are
 // built again within it.
 func (e *Evaluator) publish(ctx context.Context, dead []queue.Message, evs []counter.Event, msgs []event.Message,
-	results []counter.Result, groups map[groupKey]events.Group, regs *regressions) error {
+	results []counter.Result, groups map[groupKey]hawkdb.Group, regs *regressions) error {
 	brokerMax := int(e.brokerMax.Load()) // 0: not known
 	for {
 		limit, out := wire.MaxJobBytes, dead
@@ -283,7 +283,7 @@ func (e *Evaluator) publish(ctx context.Context, dead []queue.Message, evs []cou
 			// would count it again otherwise.
 			e.Metrics.Notifications.WithLabelValues(t.job.Channel, "failed").Inc()
 			e.Log.Error("firing too big for a delivery job: sent to the failed queue", "project", t.job.ProjectID,
-				"rule", cut(t.job.RuleID), "channel", t.job.Channel, "notification_id", t.job.Notification.ID,
+				"rule", cut(t.job.Rule()), "channel", t.job.Channel, "notification_id", t.job.Firings[0].Notification.ID,
 				"bytes", t.size, "limit", limit, "queue", e.FailedQueue)
 		}
 		return nil
@@ -293,7 +293,7 @@ func (e *Evaluator) publish(ctx context.Context, dead []queue.Message, evs []cou
 // startStorms tells Storms of the batch's firings that want a "storm
 // over" message, replays included: a batch that failed after counting
 // comes back with its firings replayed, and Storms knows the ones it saw.
-func (e *Evaluator) startStorms(ctx context.Context, events []counter.Event, msgs []event.Message, results []counter.Result, groups map[groupKey]events.Group) error {
+func (e *Evaluator) startStorms(ctx context.Context, events []counter.Event, msgs []event.Message, results []counter.Result, groups map[groupKey]hawkdb.Group) error {
 	if e.Storms == nil {
 		return nil
 	}
@@ -327,7 +327,7 @@ func (e *Evaluator) startStorms(ctx context.Context, events []counter.Event, msg
 // With Hawk's events database, a firing carries the group's history as the
 // batch read it; a firing of a derived rule is the regression of its rule,
 // sent as that rule's (its id, channels and digests).
-func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result, groups map[groupKey]events.Group,
+func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result, groups map[groupKey]hawkdb.Group,
 	regs *regressions, limit int) ([]queue.Message, []tooBig, error) {
 	type destination struct{ channel, endpoint string }
 	var (
@@ -362,8 +362,8 @@ func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result
 	jobs := make([]queue.Message, 0, len(order))
 	var big []tooBig
 	for _, dest := range order {
-		base := wire.Job{Channel: dest.channel, Endpoint: e.Keys.Seal(dest.endpoint, ev.ProjectID, dest.channel),
-			ProjectID: ev.ProjectID}
+		base := wire.Job{Kind: wire.KindFirings, Channel: dest.channel,
+			Endpoint: e.Keys.Seal(dest.endpoint, ev.ProjectID, dest.channel), ProjectID: ev.ProjectID}
 		msgs, b, err := e.pack(base, to[dest], limit)
 		if err != nil {
 			return nil, nil, err
@@ -441,10 +441,10 @@ func (l Link) URL(projectID, groupHash, eventID string) string {
 }
 
 // history is the group's history as a firing's message tells it. Hawk's
-// count is read through a cache (events.Reader, 5 s), so the firing of a
+// count is read through a cache (hawkdb.Reader, 5 s), so the firing of a
 // burst may see it from before the burst; the total is never told below
 // the counts the message gives beside it: those events are the group's.
-func history(g events.Group, n *notify.Notification) *notify.History {
+func history(g hawkdb.Group, n *notify.Notification) *notify.History {
 	total := max(g.TotalCount, n.Count)
 	for _, w := range n.Windows {
 		total = max(total, w.Count)

@@ -173,7 +173,7 @@ func TestHandleRoutesEveryKindOfMessage(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if job.RuleID != "new" || job.Notification.Type != "new" || job.Notification.ID != "firing-new" {
+			if f := job.Firings; len(f) != 1 || f[0].RuleID != "new" || f[0].Notification.Type != "new" || f[0].Notification.ID != "firing-new" {
 				t.Errorf("job %+v", job)
 			}
 		}
@@ -360,8 +360,8 @@ func TestUpperCaseProjectIDCountsWithLowerCase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if job.ProjectID != project || job.Notification.ProjectID != project {
-		t.Errorf("job of project %q, notification of %q; want %q", job.ProjectID, job.Notification.ProjectID, project)
+	if n := job.Firings[0].Notification; job.ProjectID != project || n.ProjectID != project {
+		t.Errorf("job of project %q, notification of %q; want %q", job.ProjectID, n.ProjectID, project)
 	}
 }
 
@@ -439,7 +439,7 @@ func TestLongRepetitionIDIsBounded(t *testing.T) {
 		if len(msg.Body) > 4<<10 {
 			t.Errorf("a delivery job of %d bytes", len(msg.Body))
 		}
-		reps = append(reps, *job.Notification.Event.RepetitionID)
+		reps = append(reps, *job.Firings[0].Notification.Event.RepetitionID)
 	}
 	if len(reps) != 3 || reps[0] != "64b7f0c2a1b2c3d4e5f60001" || reps[1] == reps[2] ||
 		!strings.HasPrefix(reps[1], "sha256:") || len(reps[1]) > 128 {

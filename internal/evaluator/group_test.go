@@ -54,9 +54,6 @@ func TestFiringsOfOneEventGroupedByDestination(t *testing.T) {
 			t.Errorf("message id %q, job key %q", msg.MessageID, job.Key())
 		}
 		desc := job.ProjectID[len(job.ProjectID)-1:] + " " + job.Channel + " " + strings.TrimPrefix(job.Endpoint, "http://127.0.0.1:1") + ":"
-		if job.Notification != nil {
-			desc += " " + job.RuleID
-		}
 		for _, f := range job.Firings {
 			desc += " " + f.RuleID
 			if f.MinPeriod > 0 {

@@ -6,7 +6,7 @@ import (
 	"sync"
 
 	"github.com/klaxonhq/klaxon/internal/event"
-	"github.com/klaxonhq/klaxon/internal/events"
+	"github.com/klaxonhq/klaxon/internal/hawkdb"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
 )
@@ -27,7 +27,7 @@ const lookupConcurrency = 16
 // lookupGroups reads the batch's groups, each once, concurrently: what the
 // database does not answer in time is absent, and the events go on
 // without it.
-func (e *Evaluator) lookupGroups(ctx context.Context, pending []pendingEvent) map[groupKey]events.Group {
+func (e *Evaluator) lookupGroups(ctx context.Context, pending []pendingEvent) map[groupKey]hawkdb.Group {
 	if e.Groups == nil || len(pending) == 0 {
 		return nil
 	}
@@ -35,7 +35,7 @@ func (e *Evaluator) lookupGroups(ctx context.Context, pending []pendingEvent) ma
 	var (
 		mu  sync.Mutex
 		wg  sync.WaitGroup
-		out = make(map[groupKey]events.Group)
+		out = make(map[groupKey]hawkdb.Group)
 		sem = make(chan struct{}, lookupConcurrency)
 	)
 	for i := range pending {
@@ -49,7 +49,7 @@ func (e *Evaluator) lookupGroups(ctx context.Context, pending []pendingEvent) ma
 			defer func() { <-sem }()
 			g, err := e.Groups.Group(ctx, k.project, k.group)
 			if err != nil {
-				if !errors.Is(err, events.ErrNotFound) {
+				if !errors.Is(err, hawkdb.ErrNotFound) {
 					e.Log.Debug("events database lookup failed; going on without it", "project", k.project, "group", k.group, "error", err)
 				}
 				return

@@ -2,7 +2,6 @@ package evaluator_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/url"
 	"strings"
@@ -15,18 +14,19 @@ import (
 
 	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/evaluator"
-	"github.com/klaxonhq/klaxon/internal/events"
+	"github.com/klaxonhq/klaxon/internal/hawkdb"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/testenv"
+	"github.com/klaxonhq/klaxon/internal/wire"
 )
 
 // hawkEvents is a test's events database in FerretDB, written as Hawk's
 // grouper and hawk.api write it.
 type hawkEvents struct{ db *mongo.Database }
 
-func newHawkEvents(t *testing.T) (*hawkEvents, *events.Reader) {
+func newHawkEvents(t *testing.T) (*hawkEvents, *hawkdb.Reader) {
 	t.Helper()
 	uri := testenv.Mongo(t)
 	u, err := url.Parse(uri)
@@ -41,7 +41,7 @@ func newHawkEvents(t *testing.T) (*hawkEvents, *events.Reader) {
 	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
 	// A TTL of a nanosecond: each batch reads marks anew, as a worker does
 	// once its 5 s have passed.
-	r, err := events.NewReader(uri, name, events.Options{TTL: time.Nanosecond, Timeout: 5 * time.Second})
+	r, err := hawkdb.NewReader(uri, name, hawkdb.Options{TTL: time.Nanosecond, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,19 +75,23 @@ func (h *hawkEvents) toggle(t *testing.T, groupHash, mark string, at int32) {
 }
 
 type sentJob struct {
-	RuleID       string              `json:"ruleId"`
-	Notification notify.Notification `json:"notification"`
+	RuleID       string
+	Notification notify.Notification
 }
 
+// jobsOf are the jobs of msgs, each of one firing.
 func jobsOf(t *testing.T, msgs []queue.Message) []sentJob {
 	t.Helper()
 	var out []sentJob
 	for _, m := range msgs {
-		var j sentJob
-		if err := json.Unmarshal(m.Body, &j); err != nil {
+		j, err := wire.DecodeJob(m.Body)
+		if err != nil {
 			t.Fatal(err)
 		}
-		out = append(out, j)
+		if len(j.Firings) != 1 {
+			t.Fatalf("job of %d firings, want one", len(j.Firings))
+		}
+		out = append(out, sentJob{RuleID: j.Firings[0].RuleID, Notification: *j.Firings[0].Notification})
 	}
 	return out
 }
@@ -195,7 +199,7 @@ func TestNewGroupCarriesHistory(t *testing.T) {
 // wait and the extra lines, never the notification.
 func TestUnavailableEventsDatabaseStillDelivers(t *testing.T) {
 	// 192.0.2.1 (TEST-NET-1) is never routed: every read times out.
-	slow, err := events.NewReader("mongodb://192.0.2.1:27017/", "hawk_events", events.Options{Timeout: 50 * time.Millisecond})
+	slow, err := hawkdb.NewReader("mongodb://192.0.2.1:27017/", "hawk_events", hawkdb.Options{Timeout: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,8 +217,8 @@ func TestUnavailableEventsDatabaseStillDelivers(t *testing.T) {
 
 type failingGroups struct{}
 
-func (failingGroups) Group(context.Context, string, string) (events.Group, error) {
-	return events.Group{}, fmt.Errorf("connection refused")
+func (failingGroups) Group(context.Context, string, string) (hawkdb.Group, error) {
+	return hawkdb.Group{}, fmt.Errorf("connection refused")
 }
 
 // What reading Hawk's events database adds to a batch on the hot path: a
@@ -246,9 +250,9 @@ func BenchmarkHandleWithEventsDB(b *testing.B) {
 	}
 }
 
-// cachedGroups answers as a warm events.Reader does, without a database.
+// cachedGroups answers as a warm hawkdb.Reader does, without a database.
 type cachedGroups struct{}
 
-func (cachedGroups) Group(context.Context, string, string) (events.Group, error) {
-	return events.Group{TotalCount: 10, Resolved: 1700500000}, nil
+func (cachedGroups) Group(context.Context, string, string) (hawkdb.Group, error) {
+	return hawkdb.Group{TotalCount: 10, Resolved: 1700500000}, nil
 }

@@ -29,7 +29,7 @@ import (
 
 // tooBig is a firing that could not fit in a job of its own.
 type tooBig struct {
-	job  wire.Job // the firing's single job
+	job  wire.Job // the firing's own job, of it alone
 	size int      // its bytes as JSON
 }
 
@@ -37,12 +37,13 @@ type tooBig struct {
 // into delivery jobs of at most limit bytes each, in the rules' order, and
 // returns those of the firings too big for any.
 func (e *Evaluator) pack(base wire.Job, firings []wire.Firing, limit int) ([]queue.Message, []tooBig, error) {
-	whole, err := e.message(base, firings)
+	all := withFirings(base, firings)
+	whole, err := all.Message(e.DeliveryQueue)
 	if err != nil || len(whole.Body) <= limit {
 		return []queue.Message{whole}, nil, err
 	}
-	// A grouped job is base with its firings appended: its size is theirs
-	// plus base's, exactly, so the firings' sizes say where to cut.
+	// A job is base with its firings appended: its size is theirs plus
+	// base's, exactly, so the firings' sizes say where to cut.
 	head, err := json.Marshal(&base)
 	if err != nil {
 		return nil, nil, fmt.Errorf("encode delivery job: %w", err)
@@ -58,12 +59,13 @@ func (e *Evaluator) pack(base wire.Job, firings []wire.Firing, limit int) ([]que
 		if len(part) == 0 {
 			return nil
 		}
-		msg, err := e.message(base, part)
+		job := withFirings(base, part)
+		msg, err := job.Message(e.DeliveryQueue)
 		if err != nil {
 			return err
 		}
 		if len(msg.Body) > limit { // a firing alone, bigger than any job may be
-			big = append(big, tooBig{job: single(base, part[0]), size: len(msg.Body)})
+			big = append(big, tooBig{job: job, size: len(msg.Body)})
 		} else {
 			msgs = append(msgs, msg)
 		}
@@ -91,20 +93,9 @@ func (e *Evaluator) pack(base wire.Job, firings []wire.Firing, limit int) ([]que
 	return msgs, big, nil
 }
 
-// message is the job of firings on base's destination: a grouped job, or
-// for one firing that firing's own job, without a firings list.
-func (e *Evaluator) message(base wire.Job, firings []wire.Firing) (queue.Message, error) {
-	job := base
-	if len(firings) == 1 {
-		job = single(base, firings[0])
-	} else {
-		job.Firings = firings
-	}
-	return job.Message(e.DeliveryQueue)
-}
-
-func single(base wire.Job, f wire.Firing) wire.Job {
-	base.RuleID, base.MinPeriod, base.Notification, base.Firings = f.RuleID, f.MinPeriod, f.Notification, nil
+// withFirings is the job of firings on base's destination.
+func withFirings(base wire.Job, firings []wire.Firing) wire.Job {
+	base.Firings = firings
 	return base
 }
 
@@ -117,7 +108,8 @@ const failedField = 256
 // (docs/contract.md §6), each of its texts cut to failedField bytes.
 func (e *Evaluator) failed(t tooBig, limit int) (queue.Message, error) {
 	job := t.job
-	n := *job.Notification
+	f := job.Firings[0]
+	n := *f.Notification
 	n.ProjectName, n.RuleID, n.RuleDescription = cut(n.ProjectName), cut(n.RuleID), cut(n.RuleDescription)
 	n.Event.Title, n.Event.URL = cut(n.Event.Title), cut(n.Event.URL)
 	if rep := n.Event.RepetitionID; rep != nil {
@@ -129,13 +121,11 @@ func (e *Evaluator) failed(t tooBig, limit int) (queue.Message, error) {
 		c.TopFrame = cut(c.TopFrame)
 		n.History = &c
 	}
-	job.RuleID, job.Notification = cut(job.RuleID), &n
-	body, err := json.Marshal(struct {
-		wire.Job
-		Notifications []notify.Notification `json:"notifications"`
-	}{job, []notify.Notification{n}})
+	f.RuleID, f.Notification = cut(f.RuleID), &n
+	job.Firings = []wire.Firing{f}
+	body, err := wire.FailedRecord(&job, []notify.Notification{n})
 	if err != nil {
-		return queue.Message{}, fmt.Errorf("encode failed job: %w", err)
+		return queue.Message{}, err
 	}
 	reason := fmt.Sprintf("delivery job of %d bytes is over the limit of %d bytes: not sent, texts cut to %d bytes here",
 		t.size, limit, failedField)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/klaxonhq/klaxon/internal/counter"
+	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/store"
@@ -43,9 +44,6 @@ func firingsIn(t *testing.T, msg queue.Message) []string {
 	}
 	if msg.MessageID != job.Key() {
 		t.Errorf("message id %q, job key %q", msg.MessageID, job.Key())
-	}
-	if job.Notification != nil {
-		return []string{job.Notification.ID}
 	}
 	var ids []string
 	for _, f := range job.Firings {
@@ -142,9 +140,13 @@ func TestFiringTooBigForAnyJobGoesToTheFailedQueue(t *testing.T) {
 	if id := counter.FiringID(project, huge, "g1", time.UnixMilli(1_700_000_000_000)); f.MessageID != wire.FiringKey(id, rules.Webhook) {
 		t.Errorf("failed message id %.80q", f.MessageID)
 	}
+	// The record's fields are those docs/contract.md §6 lists.
 	var body struct {
-		wire.Job
-		Notifications []json.RawMessage `json:"notifications"`
+		Channel       string               `json:"channel"`
+		ProjectID     string               `json:"projectId"`
+		RuleID        string               `json:"ruleId"`
+		Notification  *notify.Notification `json:"notification"`
+		Notifications []json.RawMessage    `json:"notifications"`
 	}
 	if err := json.Unmarshal(f.Body, &body); err != nil {
 		t.Fatal(err)

@@ -127,6 +127,31 @@ func (v View) Limit(n int) View {
 	return v
 }
 
+// Fit writes to b as many of v's items as fit in a message of at most max,
+// each as line(it), after what b holds already and leaving room for foot
+// and a line saying how many more there were, all measured by size (a
+// provider's unit: runes, UTF-16 code units). It stops at the first item
+// that does not fit, and returns v limited to those written (Limit), whose
+// More says how many it left out.
+func (v View) Fit(b *strings.Builder, max int, foot string, size func(string) int, line func(Item) string) View {
+	room := max - size(foot) - moreRoom
+	used, shown := size(b.String()), 0
+	for _, it := range v.Items {
+		l := line(it)
+		n := size(l)
+		if used+n > room {
+			break
+		}
+		b.WriteString(l)
+		used += n
+		shown++
+	}
+	return v.Limit(shown)
+}
+
+// moreRoom is what Fit keeps for More's line, in any provider's unit.
+const moreRoom = 64
+
 // More is the line saying how many firings a digest does not show, or ""
 // when it shows them all: "… and 12 more not shown here".
 func (v View) More() string {

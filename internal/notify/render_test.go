@@ -368,3 +368,19 @@ func TestUnicodeLineBreaksDoNotForgeLines(t *testing.T) {
 		}
 	}
 }
+
+// A channel's message lists the items that fit, stops at the first that
+// does not (a later shorter one is not slipped in), keeps room for its
+// footer and the "more" line, and says how many it left out.
+func TestFitStopsAtTheFirstItemThatDoesNotFit(t *testing.T) {
+	v := notify.View{Items: []notify.Item{{Title: "aaaa"}, {Title: "bbbb"}, {Title: strings.Repeat("c", 50)}, {Title: "d"}}, Omitted: 2}
+	var b strings.Builder
+	b.WriteString("head")
+	size := func(s string) int { return len(s) }
+	// 4 of head, 10 of foot and 64 for the more line: 12 left, two items.
+	shown := v.Fit(&b, 4+10+64+12, "0123456789", size, func(it notify.Item) string { return "-" + it.Title + "-" })
+	if b.String() != "head-aaaa--bbbb-" || len(shown.Items) != 2 || shown.Omitted != 4 ||
+		shown.More() != "… and 4 more not shown here" {
+		t.Errorf("wrote %q, kept %d items, %d omitted", b.String(), len(shown.Items), shown.Omitted)
+	}
+}

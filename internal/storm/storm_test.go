@@ -175,7 +175,7 @@ func checkOver(t *testing.T, jobs []amqp.Delivery, firingID string, events, dura
 		if err != nil {
 			t.Fatal(err)
 		}
-		n := j.Notification
+		n := j.Firings[0].Notification
 		seen[d.MessageId]++
 		if n.ID != want || d.MessageId != j.Key() || n.Type != notify.TypeStormOver || n.Storm == nil ||
 			n.Storm.FiringID != firingID || n.Storm.Events != events || n.Storm.Duration != duration || !n.Storm.Exact {
@@ -342,8 +342,8 @@ func TestFiringAsTheStormEndsKeepsItGoing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st := j.Notification.Storm; st.FiringID != o.ID || st.Events != 11 || j.Notification.ID != storm.OverID(o.ID) {
-			t.Errorf("storm %+v: want the first firing's storm, with all 11 events", st)
+		if n := j.Firings[0].Notification; n.Storm.FiringID != o.ID || n.Storm.Events != 11 || n.ID != storm.OverID(o.ID) {
+			t.Errorf("storm %+v: want the first firing's storm, with all 11 events", n.Storm)
 		}
 	}
 }

@@ -92,30 +92,16 @@ func Text(m *notify.Message) string {
 	}
 	if !m.Digest {
 		it := v.Items[0]
-		details := make([]string, len(it.Details))
-		for i, d := range it.Details {
-			details[i] = notify.Truncate(d, maxDetail)
-		}
-		return code(notify.Truncate(it.Title, maxTitle)) + "\n" + escape(it.Summary) + link(it.URL, " · ") + "\n" + fence(details)
+		return code(notify.Truncate(it.Title, maxTitle)) + "\n" + escape(it.Summary) + link(it.URL, " · ") + "\n" + fence(details(it))
 	}
 	var b strings.Builder
 	b.WriteString("**" + escape(v.Header) + "**\n")
 	footer := "\n" + escape(v.Footer)
-	room := maxText - utf8.RuneCountInString(footer) - 64 // and an "… and N more" line
-	used := utf8.RuneCountInString(b.String())
-	shown := 0
-	for _, it := range v.Items {
-		line := fmt.Sprintf("\n- %s — %s, fired at %s%s",
+	shown := v.Fit(&b, maxText, footer, utf8.RuneCountInString, func(it notify.Item) string {
+		return fmt.Sprintf("\n- %s — %s, fired at %s%s",
 			code(notify.Truncate(it.Title, maxDigestTitle)), escape(it.Summary), it.FiredAt, link(it.URL, " · "))
-		if n := utf8.RuneCountInString(line); used+n <= room {
-			b.WriteString(line)
-			used += n
-			shown++
-			continue
-		}
-		break
-	}
-	if more := v.Limit(shown).More(); more != "" {
+	})
+	if more := shown.More(); more != "" {
 		b.WriteString("\n\n" + escape(more))
 	}
 	b.WriteString("\n" + footer)
@@ -129,28 +115,23 @@ func groupedText(v notify.View) string {
 	var b strings.Builder
 	b.WriteString("**" + escape(v.Header) + "**\n" + code(notify.Truncate(v.Title, maxTitle)) + link(v.URL, " · ") + "\n")
 	footer := "\n" + escape(v.Footer)
-	room := maxText - utf8.RuneCountInString(footer) - 64 // and an "… and N more" line
-	used := utf8.RuneCountInString(b.String())
-	shown := 0
-	for _, it := range v.Items {
-		details := make([]string, len(it.Details))
-		for i, d := range it.Details {
-			details[i] = notify.Truncate(d, maxDetail)
-		}
-		part := "\n- " + code(notify.Truncate(it.Rule, maxDigestTitle)) + " — " + escape(it.Summary) + "\n" + fence(details)
-		n := utf8.RuneCountInString(part)
-		if used+n > room {
-			break
-		}
-		b.WriteString(part)
-		used += n
-		shown++
-	}
-	if more := v.Limit(shown).More(); more != "" {
+	shown := v.Fit(&b, maxText, footer, utf8.RuneCountInString, func(it notify.Item) string {
+		return "\n- " + code(notify.Truncate(it.Rule, maxDigestTitle)) + " — " + escape(it.Summary) + "\n" + fence(details(it))
+	})
+	if more := shown.More(); more != "" {
 		b.WriteString("\n\n" + escape(more))
 	}
 	b.WriteString("\n" + footer)
 	return b.String()
+}
+
+// details are its details, each cut to maxDetail.
+func details(it notify.Item) []string {
+	out := make([]string, len(it.Details))
+	for i, d := range it.Details {
+		out[i] = notify.Truncate(d, maxDetail)
+	}
+	return out
 }
 
 // link is a markdown link to the event after sep, or "" without a URL.

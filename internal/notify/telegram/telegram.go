@@ -296,21 +296,11 @@ func Text(m *notify.Message) string {
 	var b strings.Builder
 	b.WriteString("<b>" + escape(v.Header) + "</b>\n")
 	footer := "\n" + escape(v.Footer)
-	// Room for the footer and an "… and N more" line.
-	room := maxText - utf16Len(footer) - 64
-	used := utf16Len(b.String())
-	shown := 0
-	for _, it := range v.Items {
-		line := fmt.Sprintf("\n• <b>%s</b> — %s, fired at %s%s",
+	shown := v.Fit(&b, maxText, footer, utf16Len, func(it notify.Item) string {
+		return fmt.Sprintf("\n• <b>%s</b> — %s, fired at %s%s",
 			escape(notify.Truncate(it.Title, 200)), escape(it.Summary), it.FiredAt, link(it.URL, " · "))
-		if used+utf16Len(line) > room {
-			break
-		}
-		b.WriteString(line)
-		used += utf16Len(line)
-		shown++
-	}
-	if more := v.Limit(shown).More(); more != "" {
+	})
+	if more := shown.More(); more != "" {
 		b.WriteString("\n" + escape(more))
 	}
 	b.WriteString("\n" + footer)
@@ -323,23 +313,14 @@ func groupedText(v notify.View) string {
 	var b strings.Builder
 	b.WriteString("<b>" + escape(v.Header) + "</b>\n\n<b>" + escape(notify.Truncate(v.Title, maxTitle)) + "</b>" + link(v.URL, " · ") + "\n")
 	footer := "\n" + escape(v.Footer)
-	room := maxText - utf16Len(footer) - 64 // and an "… and N more" line
-	used := utf16Len(b.String())
-	shown := 0
-	for _, it := range v.Items {
+	shown := v.Fit(&b, maxText, footer, utf16Len, func(it notify.Item) string {
 		part := "\n• <b>" + escape(notify.Truncate(it.Rule, 200)) + "</b> — " + escape(it.Summary)
 		for _, d := range it.Details {
 			part += "\n" + escape(notify.Truncate(d, maxDetail))
 		}
-		part += "\n"
-		if used+utf16Len(part) > room {
-			break
-		}
-		b.WriteString(part)
-		used += utf16Len(part)
-		shown++
-	}
-	if more := v.Limit(shown).More(); more != "" {
+		return part + "\n"
+	})
+	if more := shown.More(); more != "" {
 		b.WriteString("\n" + escape(more) + "\n")
 	}
 	b.WriteString(footer)

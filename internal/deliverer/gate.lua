@@ -1,5 +1,5 @@
--- throttle.lua: may a notification for a (rule, channel) go now, or must it
--- wait for the digest at the end of the channel's minPeriod?
+-- gate.lua: the minPeriod gate. May a notification for a (rule, channel) go
+-- now, or must it wait for the digest at the end of the channel's minPeriod?
 -- KEYS[1] hash {last = ms of the last send, sched = ms a flush is due}
 -- KEYS[2] hash of pending notifications: id -> job, and '#n' (how many),
 --         '#bytes' (their size) and '#omitted' (how many were left out)

@@ -1,4 +1,4 @@
-// Package events reads Hawk's events database: what the tracker knows of an
+// Package hawkdb reads Hawk's events database: what the tracker knows of an
 // event group (how often and since when it happens, its top backtrace frame)
 // and the marks people set on it (resolved, ignored). docs/contract.md
 // §4.4 describes the documents as Hawk writes them.
@@ -7,7 +7,7 @@
 // from a small cache for a few seconds, and a lookup that is slow or fails
 // is remembered as failed for as long, so that a sick database costs one
 // timeout per group and period, never one per event.
-package events
+package hawkdb
 
 import (
 	"context"

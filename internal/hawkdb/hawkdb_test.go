@@ -1,4 +1,4 @@
-package events_test
+package hawkdb_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
-	"github.com/klaxonhq/klaxon/internal/events"
+	"github.com/klaxonhq/klaxon/internal/hawkdb"
 	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
@@ -60,7 +60,7 @@ func TestGroupReadsHawksDocuments(t *testing.T) {
 	h := NewHawkDB(t)
 	id := h.Group(t, "g1", 1234, 1700000000, 3, bson.M{"resolved": int32(1700500000)})
 	h.Group(t, "g2", 5, 1700000000, 1, bson.M{"ignored": int32(1700500000), "starred": int32(1700500001)})
-	r, err := events.NewReader(h.URL, h.Name, events.Options{})
+	r, err := hawkdb.NewReader(h.URL, h.Name, hawkdb.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestGroupReadsHawksDocuments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := events.Group{ID: id, TotalCount: 1234, FirstSeen: time.Unix(1700000000, 0).UTC(), DaysRepeated: 3,
+	want := hawkdb.Group{ID: id, TotalCount: 1234, FirstSeen: time.Unix(1700000000, 0).UTC(), DaysRepeated: 3,
 		TopFrame: "app/cart.js:42", Resolved: 1700500000}
 	if g != want {
 		t.Errorf("g1 = %+v\nwant %+v", g, want)
@@ -78,7 +78,7 @@ func TestGroupReadsHawksDocuments(t *testing.T) {
 	if g, err := r.Group(context.Background(), project, "g2"); err != nil || !g.Ignored || g.Resolved != 0 {
 		t.Errorf("g2 = %+v, %v; want ignored, not resolved", g, err)
 	}
-	if _, err := r.Group(context.Background(), project, "unknown"); !errors.Is(err, events.ErrNotFound) {
+	if _, err := r.Group(context.Background(), project, "unknown"); !errors.Is(err, hawkdb.ErrNotFound) {
 		t.Errorf("unknown group: err = %v, want ErrNotFound", err)
 	}
 }
@@ -98,7 +98,7 @@ func TestGroupIDIsTheDocumentsID(t *testing.T) {
 		}
 	}
 	oid := h.Group(t, "by-objectid", 1, 1700000000, 1, nil)
-	r, err := events.NewReader(h.URL, h.Name, events.Options{})
+	r, err := hawkdb.NewReader(h.URL, h.Name, hawkdb.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func TestGroupCachesForTTL(t *testing.T) {
 	h := NewHawkDB(t)
 	h.Group(t, "g1", 1, 1700000000, 1, nil)
 	now := time.Unix(1800000000, 0)
-	r, err := events.NewReader(h.URL, h.Name, events.Options{TTL: 5 * time.Second, Now: func() time.Time { return now }})
+	r, err := hawkdb.NewReader(h.URL, h.Name, hawkdb.Options{TTL: 5 * time.Second, Now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,8 +143,8 @@ func TestGroupCachesForTTL(t *testing.T) {
 // remembered: the evaluator is not held up event after event.
 func TestUnreachableDatabaseFailsFastAndIsRemembered(t *testing.T) {
 	// 192.0.2.1 (TEST-NET-1) is never routed: every connection attempt hangs.
-	r, err := events.NewReader("mongodb://192.0.2.1:27017/?connectTimeoutMS=10000&serverSelectionTimeoutMS=10000", "hawk_events",
-		events.Options{Timeout: 50 * time.Millisecond})
+	r, err := hawkdb.NewReader("mongodb://192.0.2.1:27017/?connectTimeoutMS=10000&serverSelectionTimeoutMS=10000", "hawk_events",
+		hawkdb.Options{Timeout: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +186,7 @@ func BenchmarkGroup(b *testing.B) {
 		ttl  time.Duration
 	}{{"hit", time.Hour}, {"miss", time.Nanosecond}} {
 		b.Run(bc.name, func(b *testing.B) {
-			r, err := events.NewReader(uri, name, events.Options{TTL: bc.ttl, Timeout: 5 * time.Second})
+			r, err := hawkdb.NewReader(uri, name, hawkdb.Options{TTL: bc.ttl, Timeout: 5 * time.Second})
 			if err != nil {
 				b.Fatal(err)
 			}
