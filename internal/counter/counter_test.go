@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
 // testRedis connects to the Redis the tests run against, failing clearly
@@ -916,13 +917,7 @@ func dedupSlots(t *testing.T, rdb *redis.Client, e *Engine, ttl time.Duration) (
 	slot := func() int64 { return rdb.Time(context.Background()).Val().UnixMilli() / ttl.Milliseconds() }
 	waitSlot = func(s int64) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for slot() < s {
-			if time.Now().After(deadline) {
-				t.Fatalf("Redis' clock did not reach slot %d", s)
-			}
-			time.Sleep(10 * time.Millisecond) // polling Redis' clock with a deadline
-		}
+		testenv.WaitFor(t, 10*time.Second, fmt.Sprintf("Redis' clock in slot %d", s), func() bool { return slot() >= s })
 	}
 	in = func(ev Event) (Result, int64) {
 		before := slot()

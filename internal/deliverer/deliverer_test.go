@@ -134,12 +134,8 @@ func TestPacedToTheProvidersLimit(t *testing.T) {
 	if err := pub.Publish(context.Background(), msgs...); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for len(rec.times()) < 3 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of 3 notifications sent", len(rec.times()))
-		}
-		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
+	if !testenv.Eventually(20*time.Second, func() bool { return len(rec.times()) >= 3 }) {
+		t.Fatalf("%d of 3 notifications sent", len(rec.times()))
 	}
 	sent := rec.times()
 	for i := 1; i < len(sent); i++ {
@@ -279,21 +275,15 @@ func TestLongRetryAfterIsHonoured(t *testing.T) {
 	if err := pub.Publish(context.Background(), queue.Message{RoutingKey: d.Queue(), Body: retry}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.WaitFor(t, 10*time.Second, "the early job parked again", func() bool {
 		select {
 		case <-ch.tried:
 			t.Fatal("retried an hour before the provider's Retry-After")
 		default:
 		}
-		if n, err := pub.Depth(context.Background(), longest); err == nil && n == 1 {
-			break // parked again
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the early job was not parked again")
-		}
-		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
-	}
+		n, err := pub.Depth(context.Background(), longest)
+		return err == nil && n == 1
+	})
 	select {
 	case <-ch.tried:
 		t.Fatal("retried an hour before the provider's Retry-After")
@@ -525,12 +515,8 @@ func TestHungEndpointDoesNotDelayOtherNotifications(t *testing.T) {
 		}
 		return m.GetCounter().GetValue()
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for sent("webhook") < hungJobs+1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%v webhook notifications sent, want %d", sent("webhook"), hungJobs+1)
-		}
-		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
+	if !testenv.Eventually(10*time.Second, func() bool { return sent("webhook") >= hungJobs+1 }) {
+		t.Fatalf("%v webhook notifications sent, want %d", sent("webhook"), hungJobs+1)
 	}
 	if v := sent("slack"); v != 1 {
 		t.Errorf("%v Slack notifications sent, want 1", v)
@@ -657,12 +643,8 @@ func TestANotificationCostsTwoRedisRoundTrips(t *testing.T) {
 	}
 	key := d.claimKey("n1:slack")
 	world := testenv.Redis(t) // polls on a client of its own, not counted
-	deadline := time.Now().Add(10 * time.Second)
-	for world.Get(context.Background(), key).Val() != "sent" {
-		if time.Now().After(deadline) {
-			t.Fatalf("n1 not recorded as sent; %d sends", len(rec.times()))
-		}
-		time.Sleep(10 * time.Millisecond) // polling a condition with a deadline
+	if !testenv.Eventually(10*time.Second, func() bool { return world.Get(context.Background(), key).Val() == "sent" }) {
+		t.Fatalf("n1 not recorded as sent; %d sends", len(rec.times()))
 	}
 	if got := trips.n.Load(); got != 2 {
 		t.Errorf("%d round trips for one notification, want 2: the claim with the snooze read, and the record", got)
@@ -706,13 +688,7 @@ func TestSentIsLoggedOnceRecorded(t *testing.T) {
 	if err := pub.Publish(context.Background(), m); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for len(h.lines()) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no \"notification sent\" line")
-		}
-		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
-	}
+	testenv.WaitFor(t, 20*time.Second, `a "notification sent" line`, func() bool { return len(h.lines()) > 0 })
 	if got := h.lines(); len(got) != 1 || got[0] != "recorded=true, claim holds sent" {
 		t.Errorf("lines %q, want one saying recorded=true while the claim holds sent", got)
 	}

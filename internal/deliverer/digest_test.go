@@ -290,18 +290,9 @@ func TestMinPeriodRunsFromTheEndOfTheSend(t *testing.T) {
 		t.Fatal("the first message never came")
 	}
 	publishJobs(t, pub, d.Queue(), throttledJob(t, "n2", period))
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		p.mu.Lock()
-		n := len(p.came)
-		p.mu.Unlock()
-		if n == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d messages came, want the first and a digest", n)
-		}
-		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
+	var n int
+	if !testenv.Eventually(20*time.Second, func() bool { p.mu.Lock(); defer p.mu.Unlock(); n = len(p.came); return n == 2 }) {
+		t.Fatalf("%d messages came, want the first and a digest", n)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/klaxonhq/klaxon/internal/queue"
+	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
 // These tests use the prefetch as their witness: the broker sends no more
@@ -78,11 +79,11 @@ func TestConcurrentBatchesPassABlockedOne(t *testing.T) {
 		return nil
 	})
 	held := receive(t, blocked, 10*time.Second, "the first batch")
-	if !eventually(15*time.Second, func() bool { return l.ackedCount() == n-len(held) }) {
+	if !testenv.Eventually(15*time.Second, func() bool { return l.ackedCount() == n-len(held) }) {
 		t.Fatalf("acked %d of the %d messages behind the blocked batch", l.ackedCount(), n-len(held))
 	}
 	close(release)
-	if !eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
+	if !testenv.Eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
 		t.Fatalf("acked %d of %d after the release", l.ackedCount(), n)
 	}
 	r.stop(t, 10*time.Second)
@@ -145,7 +146,7 @@ func TestConcurrentHandlerErrorsRetryPerBatch(t *testing.T) {
 		l.record(batch, func(int) bool { return false })
 		return nil
 	})
-	if !eventually(15*time.Second, func() bool { return l.ackedCount() == n }) {
+	if !testenv.Eventually(15*time.Second, func() bool { return l.ackedCount() == n }) {
 		t.Fatalf("acked %d of %d (the held batch holds %d)", l.ackedCount(), n, stuckSize.Load())
 	}
 	r.stop(t, 10*time.Second)
@@ -259,7 +260,7 @@ func TestConcurrentChannelCutRedeliversExactlyTheUnacked(t *testing.T) {
 		}
 		return cut
 	}
-	if !eventually(10*time.Second, full) {
+	if !testenv.Eventually(10*time.Second, full) {
 		mu.Lock()
 		got := fmt.Sprint(before)
 		mu.Unlock()
@@ -268,7 +269,7 @@ func TestConcurrentChannelCutRedeliversExactlyTheUnacked(t *testing.T) {
 	if k := px.cut(); k != 1 {
 		t.Fatalf("cut %d connections, want 1", k)
 	}
-	if !eventually(15*time.Second, func() bool { return l.ackedCount() == n }) {
+	if !testenv.Eventually(15*time.Second, func() bool { return l.ackedCount() == n }) {
 		t.Fatalf("acked %d of %d after the cut", l.ackedCount(), n)
 	}
 	r.stop(t, 10*time.Second)
@@ -386,7 +387,7 @@ func TestConcurrentFailuresLogOneOutage(t *testing.T) {
 		return nil
 	})
 	// Every slot holds a failing batch, each retried at least once.
-	if !eventually(10*time.Second, func() bool {
+	if !testenv.Eventually(10*time.Second, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		retried := 0
@@ -400,7 +401,7 @@ func TestConcurrentFailuresLogOneOutage(t *testing.T) {
 		t.Fatalf("not every slot held a retried batch: %v", failing)
 	}
 	down.Store(false)
-	if !eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
+	if !testenv.Eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
 		t.Fatalf("acked %d of %d", l.ackedCount(), n)
 	}
 	r.stop(t, 10*time.Second)
@@ -444,7 +445,7 @@ func TestInOrderAcksWaitForTheOlderBatch(t *testing.T) {
 		return nil
 	})
 	// Everything the prefetch allows beyond the held batch is handled...
-	if !eventually(10*time.Second, func() bool { return younger.Load() == prefetch-2 }) {
+	if !testenv.Eventually(10*time.Second, func() bool { return younger.Load() == prefetch-2 }) {
 		t.Fatalf("handled %d deliveries behind the held batch, want %d", younger.Load(), prefetch-2)
 	}
 	// ...and none of it acked: an ack would free the prefetch for more. A
@@ -455,7 +456,7 @@ func TestInOrderAcksWaitForTheOlderBatch(t *testing.T) {
 	}
 	holding.Store(false)
 	close(release)
-	if !eventually(15*time.Second, func() bool { return l.ackedCount() == n }) {
+	if !testenv.Eventually(15*time.Second, func() bool { return l.ackedCount() == n }) {
 		t.Fatalf("acked %d of %d after the release", l.ackedCount(), n)
 	}
 	r.stop(t, 10*time.Second)
@@ -484,7 +485,7 @@ func TestInOrderStopAcksTheDoneBehindAGivenUpBatch(t *testing.T) {
 		done.Add(int64(len(batch.Deliveries)))
 		return nil
 	})
-	if !eventually(10*time.Second, func() bool { return done.Load() == n-2 }) {
+	if !testenv.Eventually(10*time.Second, func() bool { return done.Load() == n-2 }) {
 		t.Fatalf("handled %d deliveries behind the held batch, want %d", done.Load(), n-2)
 	}
 	r.stop(t, 10*time.Second)
@@ -575,7 +576,7 @@ func TestConcurrentBatchesRunOnKeptHandlers(t *testing.T) {
 			handled.Add(1)
 			return nil
 		})
-	if !eventually(10*time.Second, func() bool { return handled.Load() >= n }) {
+	if !testenv.Eventually(10*time.Second, func() bool { return handled.Load() >= n }) {
 		t.Fatalf("%d of %d batches handled", handled.Load(), n)
 	}
 	mu.Lock()

@@ -20,6 +20,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/klaxonhq/klaxon/internal/queue"
+	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
 const defaultTestURL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -137,7 +138,7 @@ func (b *broker) ready(name string) int {
 func (b *broker) waitReady(name string, want int, within time.Duration) {
 	b.t.Helper()
 	got := 0
-	if !eventually(within, func() bool { got = b.ready(name); return got == want }) {
+	if !testenv.Eventually(within, func() bool { got = b.ready(name); return got == want }) {
 		b.t.Fatalf("queue %s holds %d ready messages after %s, want %d", name, got, within, want)
 	}
 }
@@ -155,20 +156,6 @@ func fill(t testing.TB, p *queue.Publisher, q string, n int) {
 		if err := p.Publish(t.Context(), msgs...); err != nil {
 			t.Fatalf("fill %s: %v", q, err)
 		}
-	}
-}
-
-// eventually polls cond until it holds or within passes.
-func eventually(within time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(within)
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -403,7 +390,7 @@ func closeConnection(t testing.TB, name string) {
 		t.Skip("rabbitmqctl not found; the proxy tests cover reconnects")
 	}
 	var pid string
-	ok := eventually(10*time.Second, func() bool {
+	testenv.WaitFor(t, 10*time.Second, fmt.Sprintf("a broker connection named %q", name), func() bool {
 		out, err := exec.Command("rabbitmqctl", "list_connections", "--silent", "pid", "client_properties").CombinedOutput()
 		if err != nil {
 			t.Skipf("rabbitmqctl list_connections: %v: %s", err, out)
@@ -416,9 +403,6 @@ func closeConnection(t testing.TB, name string) {
 		}
 		return false
 	})
-	if !ok {
-		t.Fatalf("no broker connection named %q", name)
-	}
 	out, err := exec.Command("rabbitmqctl", "close_connection", pid, "klaxon test: forced close").CombinedOutput()
 	if err != nil {
 		t.Fatalf("rabbitmqctl close_connection %s: %v: %s", pid, err, out)
@@ -455,7 +439,7 @@ var errBoom = errors.New("boom: pretend Redis is down")
 // checks that each of the n messages was handled exactly once.
 func (l *ledger) drainThenStop(t *testing.T, r *running, n int) {
 	t.Helper()
-	if !eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
+	if !testenv.Eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
 		t.Fatalf("acked %d of %d", l.ackedCount(), n)
 	}
 	r.stop(t, 10*time.Second)

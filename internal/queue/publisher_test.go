@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/klaxonhq/klaxon/internal/queue"
+	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
 func TestPublishReturnsOnceConfirmed(t *testing.T) {
@@ -243,9 +244,7 @@ func TestPublishFailsWhenTheConnectionDropsMidCall(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- pub.Publish(t.Context(), msgs...) }()
-	if !eventually(10*time.Second, func() bool { return b.ready(q) > 0 }) {
-		t.Fatal("nothing arrived")
-	}
+	testenv.WaitFor(t, 10*time.Second, "the first messages in the queue", func() bool { return b.ready(q) > 0 })
 	px.cut()
 	err := receive(t, done, 10*time.Second, "Publish to return")
 	if err == nil {
