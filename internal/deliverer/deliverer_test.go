@@ -73,6 +73,14 @@ func startDeliverer(t *testing.T, cfg Config, channels map[string]notify.Channel
 // cc (URL, queue and logger are filled in).
 func startDelivererWith(t *testing.T, cfg Config, channels map[string]notify.Channel, cc queue.ConsumerConfig) (*queue.Publisher, *Deliverer) {
 	t.Helper()
+	tr, d := startCounted(t, cfg, channels, cc)
+	return tr.Publisher, d
+}
+
+// startCounted is startDelivererWith with the jobs counted in and out
+// (traffic), for a test that must know the deliverer idle.
+func startCounted(t *testing.T, cfg Config, channels map[string]notify.Channel, cc queue.ConsumerConfig) (*traffic, *Deliverer) {
+	t.Helper()
 	url := testenv.AMQPURL(t)
 	cfg.Prefix = testenv.KeyPrefix(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -84,7 +92,8 @@ func startDelivererWith(t *testing.T, cfg Config, channels map[string]notify.Cha
 	if cfg.Logger == nil {
 		cfg.Logger = log
 	}
-	cfg.Redis, cfg.Publisher, cfg.Channels, cfg.Metrics = testenv.Redis(t), pub, channels, metrics.New(prometheus.NewRegistry())
+	tr := &traffic{Publisher: pub}
+	cfg.Redis, cfg.Publisher, cfg.Channels, cfg.Metrics = testenv.Redis(t), tr, channels, metrics.New(prometheus.NewRegistry())
 	d := New(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := d.Declare(ctx, pub); err != nil {
@@ -95,6 +104,17 @@ func startDelivererWith(t *testing.T, cfg Config, channels map[string]notify.Cha
 		names = append(names, d.delayQueue(delay))
 	}
 	testenv.DeleteQueuesAtCleanup(t, names...)
+	tr.consumed = map[string]bool{}
+	for _, q := range names {
+		tr.consumed[q] = q != d.cfg.FailedQueue
+	}
+	settled := cc.Hooks.Batch
+	cc.Hooks.Batch = func(r queue.BatchResult) {
+		tr.settled.Add(int64(r.Acked))
+		if settled != nil {
+			settled(r)
+		}
+	}
 	var wg sync.WaitGroup
 	for _, q := range []string{d.Queue(), d.cfg.BulkQueue} {
 		cc.URL, cc.Queue, cc.Logger = url, q, log
@@ -105,7 +125,39 @@ func startDelivererWith(t *testing.T, cfg Config, channels map[string]notify.Cha
 		wg.Go(func() { c.Consume(ctx, d.Handle) })
 	}
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	return pub, d
+	return tr, d
+}
+
+// traffic is a test deliverer's publisher, shared with the test, that
+// counts the jobs published to the queues the deliverer consumes (directly
+// or through its retry queues): the test's, and the deliverer's own
+// retries and flushes. Its consumers count the jobs they settle. When the
+// counts meet, no job is queued or in hand, and nothing more is sent until
+// the test publishes again. A job is counted before it is published: one
+// whose publish failed keeps the deliverer from looking idle, never the
+// reverse.
+type traffic struct {
+	*queue.Publisher
+	consumed map[string]bool // by queue name; read-only once the deliverer runs
+	queued   atomic.Int64
+	settled  atomic.Int64
+}
+
+func (tr *traffic) Publish(ctx context.Context, msgs ...queue.Message) error {
+	for _, m := range msgs {
+		if tr.consumed[m.RoutingKey] {
+			tr.queued.Add(1)
+		}
+	}
+	return tr.Publisher.Publish(ctx, msgs...)
+}
+
+// waitIdle waits until every job published to the deliverer was settled.
+func (tr *traffic) waitIdle(t *testing.T) {
+	t.Helper()
+	testenv.WaitFor(t, 30*time.Second, "the deliverer to settle every job published to it", func() bool {
+		return tr.settled.Load() == tr.queued.Load()
+	})
 }
 
 func job(t *testing.T, id string) queue.Message {

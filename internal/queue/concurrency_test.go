@@ -429,8 +429,22 @@ func TestInOrderAcksWaitForTheOlderBatch(t *testing.T) {
 	var younger atomic.Int64 // deliveries handled while tag 1 was held
 	var holding atomic.Bool
 	holding.Store(true)
+	// Held reports the bytes held after each change: they grow as
+	// deliveries arrive, on one goroutine, and fall only when a batch is
+	// settled.
+	var heldMu sync.Mutex
+	var heldLast int64
+	var settledEarly bool // a batch settled while tag 1 was held
 	_, r := startConsumer(t, queue.ConsumerConfig{
 		Queue: q, Prefetch: prefetch, MaxBatch: 2, Concurrency: 4, InOrder: true,
+		Hooks: queue.Hooks{Held: func(bytes int64) {
+			heldMu.Lock()
+			defer heldMu.Unlock()
+			if bytes < heldLast && holding.Load() {
+				settledEarly = true
+			}
+			heldLast = bytes
+		}},
 	}, func(ctx context.Context, batch *queue.Batch) error {
 		if hasTag(batch, 1) {
 			select {
@@ -438,6 +452,7 @@ func TestInOrderAcksWaitForTheOlderBatch(t *testing.T) {
 			case <-ctx.Done():
 				t.Errorf("held handler's context ended: %v", ctx.Err())
 			}
+			holding.Store(false)
 		} else if holding.Load() {
 			younger.Add(int64(len(batch.Deliveries)))
 		}
@@ -448,16 +463,17 @@ func TestInOrderAcksWaitForTheOlderBatch(t *testing.T) {
 	if !testenv.Eventually(10*time.Second, func() bool { return younger.Load() == prefetch-2 }) {
 		t.Fatalf("handled %d deliveries behind the held batch, want %d", younger.Load(), prefetch-2)
 	}
-	// ...and none of it acked: an ack would free the prefetch for more. A
-	// bounded wait for something that must not happen.
-	time.Sleep(300 * time.Millisecond)
-	if got := younger.Load(); got != prefetch-2 {
-		t.Fatalf("handled %d deliveries behind the held batch, want %d: younger batches were acked first", got, prefetch-2)
-	}
-	holding.Store(false)
 	close(release)
 	if !testenv.Eventually(15*time.Second, func() bool { return l.ackedCount() == n }) {
 		t.Fatalf("acked %d of %d after the release", l.ackedCount(), n)
+	}
+	// ...and none of it was settled before the held batch: an ack would
+	// have freed the prefetch for more.
+	heldMu.Lock()
+	early := settledEarly
+	heldMu.Unlock()
+	if got := younger.Load(); early || got != prefetch-2 {
+		t.Errorf("handled %d deliveries behind the held batch, want %d; one settled before it: %t", got, prefetch-2, early)
 	}
 	r.stop(t, 10*time.Second)
 	l.exactlyOnce(t, n)

@@ -248,6 +248,7 @@ func TestGracefulStopLetsTheHandlerFinish(t *testing.T) {
 	inHandler := make(chan int, 1)
 	release := make(chan struct{})
 	handlerCtxErr := make(chan error, 1)
+	var handlerDone atomic.Bool
 	calls := 0
 	_, r := startConsumer(t, queue.ConsumerConfig{Queue: q, Prefetch: 100, MaxBatch: 10}, func(ctx context.Context, batch *queue.Batch) error {
 		calls++
@@ -258,25 +259,28 @@ func TestGracefulStopLetsTheHandlerFinish(t *testing.T) {
 		inHandler <- len(batch.Deliveries)
 		<-release
 		handlerCtxErr <- ctx.Err()
+		handlerDone.Store(true)
 		return nil
 	})
 	size := receive(t, inHandler, 10*time.Second, "the first batch")
 
+	// The handler keeps running after the cancel, until it is done:
+	// whenever Consume returns, the handler must have.
+	r.cancel()
 	stopped := make(chan time.Duration, 1)
-	go func() { stopped <- r.stop(t, 10*time.Second) }()
-	// The handler keeps running after the cancel, until it is done.
-	time.Sleep(100 * time.Millisecond) // let the cancel land while the handler works
-	select {
-	case <-stopped:
-		t.Fatal("Consume returned while its handler was still running")
-	default:
-	}
+	go func() {
+		took := r.stop(t, 10*time.Second)
+		if !handlerDone.Load() {
+			t.Error("Consume returned while its handler was still running")
+		}
+		stopped <- took
+	}()
 	close(release)
 	if err := receive(t, handlerCtxErr, 5*time.Second, "handler end"); err != nil {
 		t.Errorf("handler context ended (%v) within the stop grace", err)
 	}
 	took := receive(t, stopped, 10*time.Second, "Consume to return")
-	t.Logf("stop took %s, of which ~100ms waiting for the handler", took)
+	t.Logf("stop took %s after the cancel", took)
 	if took > 2*time.Second {
 		t.Errorf("stop took %s", took)
 	}
