@@ -31,7 +31,7 @@ func hasTag(b *queue.Batch, tag uint64) bool {
 }
 
 func TestConcurrencyIsChecked(t *testing.T) {
-	if _, err := queue.NewConsumer(queue.ConsumerConfig{URL: defaultTestURL, Queue: "q", Concurrency: -1}); err == nil {
+	if _, err := queue.NewConsumer(queue.ConsumerConfig{URL: "amqp://guest:guest@127.0.0.1:5672/", Queue: "q", Concurrency: -1}); err == nil {
 		t.Error("NewConsumer accepted Concurrency -1")
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
-	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -23,16 +22,6 @@ import (
 	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
-const defaultTestURL = "amqp://guest:guest@127.0.0.1:5672/"
-
-// brokerURL is the real RabbitMQ the tests use; KLAXON_TEST_AMQP_URL overrides it.
-func brokerURL() string {
-	if u := os.Getenv("KLAXON_TEST_AMQP_URL"); u != "" {
-		return u
-	}
-	return defaultTestURL
-}
-
 // broker is the test's own admin connection, for what the code under test
 // must not be trusted to report: queue depths, raw gets, deletes.
 type broker struct {
@@ -41,24 +30,17 @@ type broker struct {
 	conn *amqp.Connection
 }
 
+// newBroker connects to the test RabbitMQ (testenv.AMQPURL); these tests
+// never fake the broker.
 func newBroker(t testing.TB) *broker {
 	t.Helper()
-	u := brokerURL()
+	u := testenv.AMQPURL(t)
 	conn, err := amqp.DialConfig(u, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
 	if err != nil {
-		t.Fatalf("RabbitMQ does not answer at %s: %v\n"+
-			"start it (scripts/services.sh) or point KLAXON_TEST_AMQP_URL at one; these tests never fake the broker",
-			redacted(u), err)
+		t.Fatalf("admin connection to RabbitMQ: %v", err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	return &broker{t: t, url: u, conn: conn}
-}
-
-func redacted(raw string) string {
-	if u, err := url.Parse(raw); err == nil {
-		return u.Redacted()
-	}
-	return "(unparsable URL)"
 }
 
 // channel opens a fresh channel: a failed passive declare closes the one it ran on.
@@ -199,7 +181,7 @@ func (l *logger) String() string {
 func newPublisher(t testing.TB, cfg queue.PublisherConfig) *queue.Publisher {
 	t.Helper()
 	if cfg.URL == "" {
-		cfg.URL = brokerURL()
+		cfg.URL = testenv.AMQPURL(t)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger, _ = newLogger(t)
@@ -222,7 +204,7 @@ type running struct {
 func startConsumer(t testing.TB, cfg queue.ConsumerConfig, h queue.Handler) (*queue.Consumer, *running) {
 	t.Helper()
 	if cfg.URL == "" {
-		cfg.URL = brokerURL()
+		cfg.URL = testenv.AMQPURL(t)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger, _ = newLogger(t)
@@ -279,7 +261,7 @@ type proxy struct {
 // broker, at target; u is the broker's URL, to point at the listener.
 func proxyListener(t testing.TB) (ln net.Listener, target string, u *url.URL) {
 	t.Helper()
-	u, err := url.Parse(brokerURL())
+	u, err := url.Parse(testenv.AMQPURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
