@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of Klaxon against real Redis, RabbitMQ and FerretDB,
 # starting the services that do not answer. Extra arguments go to go test.
+# (go test -short ./... runs only the tests that need no service, with none
+# started.)
 #
 # Four phases run alone, not beside other packages' tests: first, on a
 # machine not yet busy, Sentinel failovers, whose sentinels take a node

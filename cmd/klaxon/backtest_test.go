@@ -103,11 +103,7 @@ func TestBacktestNeedsTimestamps(t *testing.T) {
 // is the whole path from message to firing, not the counter alone.
 func TestBacktestAgreesWithEngine(t *testing.T) {
 	rdb := testenv.Redis(t)
-	streams := 12
-	if testing.Short() {
-		streams = 4
-	}
-	for s := range streams {
+	for s := range 12 {
 		rng := rand.New(rand.NewPCG(14, uint64(s)))
 		rulesYAML := randomRules(rng)
 		lines := randomMessages(rng)

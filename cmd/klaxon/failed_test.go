@@ -77,7 +77,7 @@ func startInstallation(t *testing.T) *installation {
 		cmd.Process.Signal(os.Interrupt)
 		cmd.Wait()
 	})
-	waitUntil(t, 60*time.Second, "the worker ready", func() bool {
+	testenv.WaitFor(t, 60*time.Second, "the worker ready", func() bool {
 		resp, err := http.Get("http://" + addr + "/readyz")
 		if err != nil {
 			return false
@@ -124,17 +124,6 @@ func (in *installation) publishTo(t *testing.T, q string, m amqp.Publishing) {
 	}
 }
 
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond) // polling a condition with a deadline
-	}
-}
-
 func (in *installation) list(t *testing.T) []failedMessage {
 	t.Helper()
 	r := klaxon(t, in.env, "failed", "list", "--json")
@@ -158,7 +147,7 @@ func TestFailedListAndReplay(t *testing.T) {
 	in.publish(t, "TypeError: x is undefined", "g1")
 
 	var msgs []failedMessage
-	waitUntil(t, 30*time.Second, "the refused notification in the failed queue", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the refused notification in the failed queue", func() bool {
 		msgs = in.list(t)
 		return len(msgs) == 1
 	})
@@ -207,7 +196,7 @@ func TestFailedListAndReplay(t *testing.T) {
 	}
 	// The worker takes the replayed job for the duplicate it is: it counts
 	// it so, and sends nothing.
-	waitUntil(t, 30*time.Second, "the second replay dropped as a duplicate", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the second replay dropped as a duplicate", func() bool {
 		return strings.Contains(in.metrics(t), `klaxon_notifications_total{channel="webhook",outcome="duplicate"} 1`)
 	})
 	if n := len(in.sink.Requests()); n != 2 {

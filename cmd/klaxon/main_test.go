@@ -115,6 +115,9 @@ func TestUnknownVariableIsWarned(t *testing.T) {
 // and --help with its usage, and a wrong flag with one line; it reads its
 // environment for unknown variables.
 func TestBinaryFlags(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the klaxon binary; -short runs only the in-process tests")
+	}
 	bin := t.TempDir() + "/klaxon"
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)

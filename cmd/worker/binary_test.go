@@ -13,11 +13,17 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
-// buildBinary builds the worker as users build it.
+// buildBinary builds the worker as users build it. Under -short it skips
+// the test instead: a build takes seconds of both cores.
 func buildBinary(t *testing.T) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("builds the worker binary; -short runs only the in-process tests")
+	}
 	bin := t.TempDir() + "/klaxon-worker"
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
@@ -57,7 +63,7 @@ func (h *harness) startBinary(extra ...string) (*worker, *exec.Cmd, <-chan error
 		env = append(env, k+"="+v)
 	}
 	cmd, exited, stderr := startBinary(h.t, append(env, extra...)...)
-	waitFor(h.t, 60*time.Second, "the binary ready", func() bool {
+	testenv.WaitFor(h.t, 60*time.Second, "the binary ready", func() bool {
 		resp, err := http.Get("http://" + addr + "/readyz")
 		if err != nil {
 			return false
@@ -185,11 +191,11 @@ func TestBinaryWaitsForTheBrokerBehindHealthz(t *testing.T) {
 		body, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(body)
 	}
-	waitFor(t, 30*time.Second, "/healthz to answer while the broker is away", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "/healthz to answer while the broker is away", func() bool {
 		status, _ := get("/healthz")
 		return status == http.StatusOK
 	})
-	waitFor(t, 30*time.Second, "/metrics to say the broker is down", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "/metrics to say the broker is down", func() bool {
 		_, body := get("/metrics")
 		return strings.Contains(body, `klaxon_dependency_up{dependency="amqp"} 0`)
 	})
@@ -269,7 +275,7 @@ func TestBinarySaysWhatIsWrongWithItsSettings(t *testing.T) {
 		<-exited
 	}()
 	logged := func(part string) bool { return strings.Contains(stderr.String(), part) }
-	waitFor(t, 5*time.Second, "the warnings", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "the warnings", func() bool {
 		return logged(`"variable":"KLAXON_RULE_FILE","did_you_mean":"KLAXON_RULES_FILE"`) &&
 			logged(`"msg":"rules not loaded yet"`)
 	})

@@ -78,7 +78,7 @@ func TestBigFiringsOfOneEventStallNoProject(t *testing.T) {
 	h.publish(event(other, "DatabaseError: timeout", "other-group", true))
 
 	var got map[string][]string
-	waitFor(t, 60*time.Second, "every firing delivered", func() bool {
+	testenv.WaitFor(t, 60*time.Second, "every firing delivered", func() bool {
 		got = h.webhookRules(t)
 		return len(got[bigProject]) >= n && len(got[other]) >= 1
 	})
@@ -190,7 +190,7 @@ func TestHeldBatchIsReported(t *testing.T) {
 
 	h.publish(event(project, "TypeError: x is undefined", "g1", true))
 	var body string
-	waitFor(t, 30*time.Second, "/readyz to report the held batch", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "/readyz to report the held batch", func() bool {
 		var status int
 		status, body = w.readyz(t)
 		return status == http.StatusServiceUnavailable && strings.Contains(body, "batches: evaluator has held a batch of 1 from "+h.queue)
@@ -206,10 +206,10 @@ func TestHeldBatchIsReported(t *testing.T) {
 	}
 
 	clear()
-	waitFor(t, 30*time.Second, "the delivery job queued", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the delivery job queued", func() bool {
 		return readyMessages(t, h.amqpURL, h.prefix+".deliveries")+readyMessages(t, h.amqpURL, h.prefix+".deliveries.bulk") == 1
 	})
-	waitFor(t, 30*time.Second, "/readyz ready again", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "/readyz ready again", func() bool {
 		status, _ := w.readyz(t)
 		return status == http.StatusOK
 	})

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
 // The cases below hold the promise of README "Fairness" against the shapes
@@ -234,7 +236,7 @@ func (h *harness) victimArrivesVia(w *worker, victim string, chans victimChannel
 		ev.Key = victim
 		publish(ev)
 		for _, c := range chans {
-			waitFor(h.t, 2*fairBound, "the victim's "+c+" notification", func() bool { return h.received(c) > before[c] })
+			testenv.WaitFor(h.t, 2*fairBound, "the victim's "+c+" notification", func() bool { return h.received(c) > before[c] })
 			took := time.Since(start)
 			worst = max(worst, took)
 			if took > fairBound {
@@ -259,7 +261,7 @@ func (h *harness) publishNoisy(w *worker, msgs []message) {
 	h.publish(msgs...)
 	w.waitMetric(h.t, 60*time.Second, "the noisy projects' events counted", func(v float64) bool { return v >= float64(len(msgs)) },
 		"klaxon_events_total", "outcome", "counted")
-	waitFor(h.t, 60*time.Second, "the noisy jobs taken up", func() bool { return h.deliveryJobsReady(h.t) == 0 })
+	testenv.WaitFor(h.t, 60*time.Second, "the noisy jobs taken up", func() bool { return h.deliveryJobsReady(h.t) == 0 })
 }
 
 // noisyProjects stores n projects, each with rules rules that notify
@@ -300,7 +302,7 @@ func TestFairnessHungHostOfManyProjects(t *testing.T) {
 			noisy := h.noisyProjects(c.projects, c.rules, 5, "webhook", func(p, r int) string { return fmt.Sprintf("%s/p%d/r%d", base, p, r) })
 			w := h.start()
 			h.publishNoisy(w, noisy)
-			waitFor(t, 30*time.Second, "the hung host to be sent to", func() bool { return hung.arrived.Load() > 0 })
+			testenv.WaitFor(t, 30*time.Second, "the hung host to be sent to", func() bool { return hung.arrived.Load() > 0 })
 			h.victimArrives(w, victim, chans, tries)
 
 			w.waitMetric(t, 30*time.Second, "the hung host's circuit to open", func(v float64) bool { return v >= 1 },
@@ -335,7 +337,7 @@ func TestFairnessThousandHungAddresses(t *testing.T) {
 	noisy := h.noisyProjects(10, 100, 1, "webhook", func(p, r int) string { return bases[p*100+r] + "/hook" })
 	w := h.start()
 	h.publishNoisy(w, noisy)
-	waitFor(t, 30*time.Second, "the hung endpoints to be sent to", func() bool { return hung.arrived.Load() >= 10*32 })
+	testenv.WaitFor(t, 30*time.Second, "the hung endpoints to be sent to", func() bool { return hung.arrived.Load() >= 10*32 })
 	h.victimArrives(w, victim, chans, tries)
 	if got := hung.peak.Load(); got > 10*32+10 { // see TestFairnessHungHostOfManyProjects
 		t.Errorf("the hung endpoints held %d requests at once, want at most 10 projects' 32 sends", got)
@@ -355,7 +357,7 @@ func TestFairnessRateLimitedProjects(t *testing.T) {
 	noisy := h.noisyProjects(10, 40, 5, "webhook", func(p, r int) string { return fmt.Sprintf("%s/p%d/r%d", base, p, r) })
 	w := h.start()
 	h.publishNoisy(w, noisy)
-	waitFor(t, 30*time.Second, "the noisy sends to be refused", func() bool { return limited.arrived.Load() > 0 })
+	testenv.WaitFor(t, 30*time.Second, "the noisy sends to be refused", func() bool { return limited.arrived.Load() > 0 })
 	h.victimArrives(w, victim, chans, tries)
 	w.waitMetric(t, 60*time.Second, "every noisy job tried once and put back", func(v float64) bool { return v >= 2000 },
 		"klaxon_notifications_total", "channel", "webhook", "outcome", "retried")
@@ -382,12 +384,12 @@ func TestFairnessHungSlack(t *testing.T) {
 	noisy := h.noisyProjects(50, 4, 1, "slack", func(p, r int) string { return fmt.Sprintf("%s/services/p%d/r%d", base, p, r) })
 	w := h.start()
 	h.publishNoisy(w, noisy)
-	waitFor(t, 30*time.Second, "Slack to be sent to", func() bool { return slack.arrived.Load() > 0 })
+	testenv.WaitFor(t, 30*time.Second, "Slack to be sent to", func() bool { return slack.arrived.Load() > 0 })
 	h.victimArrives(w, victim, chans, tries)
 
 	slack.mode.Store(answer)
 	want := 200 + tries
-	waitFor(t, 90*time.Second, "every Slack message once Slack answers", func() bool {
+	testenv.WaitFor(t, 90*time.Second, "every Slack message once Slack answers", func() bool {
 		n, _ := slack.delivered()
 		return n >= want
 	})

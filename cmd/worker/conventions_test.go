@@ -14,6 +14,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/klaxonhq/klaxon/internal/notify/notifytest"
+	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
 // The worker's logs and metrics keep one naming convention, which
@@ -34,7 +35,7 @@ func TestLogsAndMetricsKeepTheirConventions(t *testing.T) {
 	if _, err := h.webhook.WaitFor(3, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the failure for good logged", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the failure for good logged", func() bool {
 		return len(h.logs.logLines("notification failed for good")) > 0 && len(h.logs.logLines("dead-lettered a message")) > 0
 	})
 

@@ -12,6 +12,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/klaxonhq/klaxon/internal/notify/notifytest"
+	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
 // A new-error rule notifies on all five channels once, whatever is
@@ -261,7 +262,7 @@ func TestPoisonMessagesDeadLettered(t *testing.T) {
 		t.Fatal(err)
 	}
 	var reasons []string
-	waitFor(t, 10*time.Second, "4 dead letters", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "4 dead letters", func() bool {
 		d, ok, err := ch.Get(h.queue+".dead", true)
 		if err != nil {
 			t.Fatal(err)
@@ -348,7 +349,7 @@ func TestYAMLRulesAndHawkVariables(t *testing.T) {
 func waitQuiet(t *testing.T, count func() int, want int) {
 	t.Helper()
 	stable := 0
-	waitFor(t, 30*time.Second, fmt.Sprintf("the count to settle at %d", want), func() bool {
+	testenv.WaitFor(t, 30*time.Second, fmt.Sprintf("the count to settle at %d", want), func() bool {
 		if count() > want {
 			t.Fatalf("count %d, want %d", count(), want)
 		}

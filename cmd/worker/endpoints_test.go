@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
 // Endpoints come from rules, which untrusted users write. Without the
@@ -37,7 +39,7 @@ func TestRefusedEndpointsFailForGoodOtherChannelsDeliver(t *testing.T) {
 			"klaxon_notifications_total", "channel", ch, "outcome", "sent")
 	}
 	reasons := map[string][]string{}
-	waitFor(t, 10*time.Second, "six failed notifications", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "six failed notifications", func() bool {
 		for _, d := range getAll(t, h.amqpURL, h.prefix+".failed") {
 			var job struct {
 				Channel string `json:"channel"`

@@ -86,7 +86,7 @@ func TestHawkEventsDatabaseThroughTheWorker(t *testing.T) {
 		}
 		return out
 	}
-	waitFor(t, 30*time.Second, "the regression", func() bool { return len(regressed()) == 1 })
+	testenv.WaitFor(t, 30*time.Second, "the regression", func() bool { return len(regressed()) == 1 })
 	r := regressed()[0]
 	if r["ruleId"] != ruleID(fresh) || r["resolvedAt"] != "2023-11-20T17:06:40Z" || r["history"].(map[string]any)["totalCount"] != 50.0 {
 		t.Errorf("regressed body %v: want rule fresh, resolved at 1700500000, the group's history", r)
@@ -102,7 +102,7 @@ func TestHawkEventsDatabaseThroughTheWorker(t *testing.T) {
 	// marks (5 s) are stale, the group's next event is a new regression.
 	testenv.HawkMark(t, h.db, project, "g-res", "resolved", 0)
 	testenv.HawkMark(t, h.db, project, "g-res", "resolved", resolvedAgain)
-	waitFor(t, 60*time.Second, "the second resolution's regression", func() bool {
+	testenv.WaitFor(t, 60*time.Second, "the second resolution's regression", func() bool {
 		if len(regressed()) == 2 {
 			return true
 		}

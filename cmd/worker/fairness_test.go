@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
 // fairBound is the fairness promise of docs/guarantees.md: whatever one
@@ -78,7 +80,7 @@ func TestHungEndpointOfOneProjectDoesNotDelayAnother(t *testing.T) {
 		hangs = append(hangs, event(attacker, "Error: everything hangs", fmt.Sprintf("hung-%d", g), true))
 	}
 	h.publish(hangs...)
-	waitFor(t, 30*time.Second, "the hung endpoint to be sent to", func() bool { return arrived.Load() > 0 })
+	testenv.WaitFor(t, 30*time.Second, "the hung endpoint to be sent to", func() bool { return arrived.Load() > 0 })
 	// Timed once the evaluator has counted them all, as when they were the
 	// firings of one event: the bound is the deliverer's, not the incoming
 	// queue's order.
@@ -141,7 +143,7 @@ func TestSlackFloodOfOneProjectDoesNotDelayAnother(t *testing.T) {
 	// rule, 3,000 events: the flood comes through the evaluator, not all
 	// at once): the bound is on the turns waiting, not on the queues'
 	// order.
-	waitFor(t, 60*time.Second, "every job of the flood to have its turn", func() bool {
+	testenv.WaitFor(t, 60*time.Second, "every job of the flood to have its turn", func() bool {
 		return w.metric(t, "klaxon_notifications_total", "channel", "slack", "outcome", "throttled")+
 			w.metric(t, "klaxon_notifications_total", "channel", "slack", "outcome", "sent") >= jobs
 	})

@@ -25,6 +25,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
 var httpClient = &http.Client{Timeout: 5 * time.Second}
@@ -158,7 +160,7 @@ func (w *worker) metricOK(t testing.TB, name string, labels ...string) (float64,
 func (w *worker) waitMetric(t testing.TB, timeout time.Duration, what string, cond func(float64) bool, name string, labels ...string) float64 {
 	t.Helper()
 	var v float64
-	waitFor(t, timeout, what, func() bool {
+	testenv.WaitFor(t, timeout, what, func() bool {
 		v = w.metric(t, name, labels...)
 		return cond(v)
 	})
@@ -420,7 +422,7 @@ func (r *redisProc) start() {
 
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + r.port, MaxRetries: -1})
 	defer rdb.Close()
-	waitFor(r.t, 20*time.Second, "redis-server on port "+r.port+" to answer", func() bool {
+	testenv.WaitFor(r.t, 20*time.Second, "redis-server on port "+r.port+" to answer", func() bool {
 		select {
 		case err := <-done:
 			log, _ := os.ReadFile(r.dir + "/redis.log")

@@ -29,6 +29,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/klaxonhq/klaxon/internal/notify/notifytest"
+	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
 const hour = int64(time.Hour / time.Millisecond)
@@ -133,7 +134,7 @@ func TestRedisStoppedMidStream(t *testing.T) {
 	var counted float64
 	var ready, unacked int
 	if _, _, ok := queueMessages(t, h.queue); ok {
-		waitFor(t, 15*time.Second, "queue to hold every uncounted event", func() bool {
+		testenv.WaitFor(t, 15*time.Second, "queue to hold every uncounted event", func() bool {
 			counted = w.metric(t, "klaxon_events_total", "outcome", "counted")
 			ready, unacked, _ = queueMessages(t, h.queue)
 			return ready+unacked == total-int(counted)
@@ -162,7 +163,7 @@ func TestRedisStoppedMidStream(t *testing.T) {
 	if got := rules[ruleID(fresh)]; len(got) != 1 || got[0]["type"] != "new" {
 		t.Errorf("new-error notifications %v, want one", got)
 	}
-	waitFor(t, 30*time.Second, "the queue to drain", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the queue to drain", func() bool {
 		if ready, unacked, ok := queueMessages(t, h.queue); ok && ready+unacked != 0 {
 			return false
 		}
@@ -221,7 +222,7 @@ func TestRedisReplyLost(t *testing.T) {
 			calls := rs.scriptCalls(t)
 			p.holdOnRequest("EVALSHA")
 			h.publish(msgs[total/2:]...)
-			waitFor(t, 30*time.Second, "Redis to run the script with its reply held", func() bool { return rs.scriptCalls(t) > calls })
+			testenv.WaitFor(t, 30*time.Second, "Redis to run the script with its reply held", func() bool { return rs.scriptCalls(t) > calls })
 			p.cut()
 			p.release()
 
@@ -351,16 +352,16 @@ func brokerOutage(t *testing.T, h *harness, perGroup, failSends int, down, up fu
 		down()
 		t.Logf("broker going away %s: %v events counted, %d webhook requests", what,
 			w.metric(t, "klaxon_events_total", "outcome", "counted"), len(h.webhook.Requests()))
-		waitFor(t, 30*time.Second, "/readyz to name the broker", func() bool {
+		testenv.WaitFor(t, 30*time.Second, "/readyz to name the broker", func() bool {
 			status, body := w.readyz(t)
 			return status == http.StatusServiceUnavailable && strings.Contains(body, "amqp: ") && !strings.Contains(body, "amqp: ok")
 		})
 		w.waitMetric(t, 10*time.Second, `klaxon_dependency_up{dependency="amqp"} == 0`, func(v float64) bool { return v == 0 },
 			"klaxon_dependency_up", "dependency", "amqp")
 		// The worker tried to reconnect and was refused.
-		waitFor(t, 30*time.Second, "a failed reconnect", func() bool { return h.logCount("rabbitmq unavailable") > unavailable })
+		testenv.WaitFor(t, 30*time.Second, "a failed reconnect", func() bool { return h.logCount("rabbitmq unavailable") > unavailable })
 		up()
-		waitFor(t, 60*time.Second, "/readyz after the broker came back", func() bool {
+		testenv.WaitFor(t, 60*time.Second, "/readyz after the broker came back", func() bool {
 			status, _ := w.readyz(t)
 			return status == http.StatusOK
 		})
@@ -422,7 +423,7 @@ func brokerOutage(t *testing.T, h *harness, perGroup, failSends int, down, up fu
 	if n := len(perRule[ruleID(over)]); n != 0 {
 		t.Errorf("threshold %d fired %d times: events counted twice", perGroup+1, n)
 	}
-	waitFor(t, 30*time.Second, "the queues to drain", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the queues to drain", func() bool {
 		for _, q := range []string{h.queue, h.prefix + ".deliveries", h.prefix + ".deliveries.bulk"} {
 			if ready, unacked, ok := queueMessages(t, q); ok && ready+unacked != 0 {
 				return false
@@ -621,7 +622,7 @@ func TestPermanentFailuresGoToFailedQueue(t *testing.T) {
 			"klaxon_notifications_total", "channel", ch, "outcome", "failed")
 	}
 	reasons := map[string]string{}
-	waitFor(t, 10*time.Second, "two failed notifications", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "two failed notifications", func() bool {
 		for _, d := range getAll(t, h.amqpURL, h.prefix+".failed") {
 			var job struct {
 				Channel string `json:"channel"`
@@ -831,7 +832,7 @@ func TestEdgeInput(t *testing.T) {
 	}
 
 	reasons := map[string]string{}
-	waitFor(t, 10*time.Second, "3 dead letters", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "3 dead letters", func() bool {
 		for _, d := range getAll(t, h.amqpURL, h.queue+".dead") {
 			reasons[d.MessageId] = fmt.Sprint(d.Headers["x-klaxon-error"])
 			if d.MessageId == "huge-title" && len(d.Body) != len(hugeTitle.Body) {
@@ -880,7 +881,7 @@ func TestTwoThousandRules(t *testing.T) {
 	// One event, one endpoint: grouped messages naming every rule once,
 	// as few as the bound on a delivery job's size allows (2,000 firings
 	// are over 1 MiB of JSON: three jobs of at most 512 KiB).
-	waitFor(t, 30*time.Second, "every rule notified", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "every rule notified", func() bool {
 		return len(firingsOf(t, h.webhookBodies(len(h.webhook.Requests())))) >= n
 	})
 	sent := len(h.webhook.Requests())

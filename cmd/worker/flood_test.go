@@ -7,6 +7,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
 // One project floods new groups, each firing an ONLY_NEW rule. Its
@@ -51,7 +53,7 @@ func TestFairnessNewGroupFlood(t *testing.T) {
 		h.victimArrives(w, victim, chans, tries)
 		sent, _ := sink.delivered()
 		t.Logf("%d of the flood's %d notifications sent by the victim's last", sent, n)
-		waitFor(t, 3*time.Minute, "every notification of the flood", func() bool { sent, _ := sink.delivered(); return sent >= n })
+		testenv.WaitFor(t, 3*time.Minute, "every notification of the flood", func() bool { sent, _ := sink.delivered(); return sent >= n })
 		if _, byID := sink.delivered(); len(byID) != n {
 			t.Errorf("the flood's notifications went to %d ids, want %d, each once", len(byID), n)
 		}

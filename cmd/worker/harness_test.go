@@ -127,7 +127,7 @@ type worker struct {
 func (h *harness) start() *worker {
 	h.t.Helper()
 	w := h.startUnready()
-	waitFor(h.t, 30*time.Second, "worker ready", func() bool { return answers(w.Addr, "/readyz") == http.StatusOK })
+	testenv.WaitFor(h.t, 30*time.Second, "worker ready", func() bool { return answers(w.Addr, "/readyz") == http.StatusOK })
 	return w
 }
 
@@ -169,7 +169,7 @@ func (h *harness) startUnready() *worker {
 			h.t.Error("worker did not stop within 10 s")
 		}
 	})
-	waitFor(h.t, 30*time.Second, "worker serving /healthz", func() bool { return answers(cfg.HTTPAddr, "/healthz") != 0 })
+	testenv.WaitFor(h.t, 30*time.Second, "worker serving /healthz", func() bool { return answers(cfg.HTTPAddr, "/healthz") != 0 })
 	return &worker{Addr: cfg.HTTPAddr}
 }
 
@@ -266,18 +266,6 @@ func freeAddr(t *testing.T) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
-}
-
-// waitFor polls cond until it holds, failing the test after timeout.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
-	}
 }
 
 type syncBuffer struct {

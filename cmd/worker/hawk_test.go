@@ -81,7 +81,7 @@ func (s *hawkSenders) take() int {
 // waitFor waits until n tasks in all have arrived.
 func (s *hawkSenders) waitFor(n int) {
 	s.h.t.Helper()
-	waitFor(s.h.t, 30*time.Second, fmt.Sprintf("%d tasks in Hawk's sender queues", n), func() bool { return s.take() >= n })
+	testenv.WaitFor(s.h.t, 30*time.Second, fmt.Sprintf("%d tasks in Hawk's sender queues", n), func() bool { return s.take() >= n })
 }
 
 // check compares the tasks of each channel with want, as multisets.
@@ -149,7 +149,7 @@ func TestHawkSendersGetHawksTasks(t *testing.T) {
 	senders.waitFor(18)
 	// The same events again, as a redelivery would bring them.
 	h.publish(append([]message{e0, e1, e2}, timeouts...)...)
-	waitFor(t, 30*time.Second, "the redelivered events counted as duplicates", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the redelivered events counted as duplicates", func() bool {
 		return w.metric(t, "klaxon_events_total", "outcome", "duplicate") >= 6
 	})
 	waitQuiet(t, senders.take, 18)
@@ -182,7 +182,7 @@ func TestHawkSendersLeaveStormOverOutAloud(t *testing.T) {
 
 	h.publish(burst(project, "DatabaseError", "db", tenSecondsAgo(), 6)...)
 	const leftOut = "firings left out of Hawk's sender task: Hawk's senders cannot render them"
-	waitFor(t, 30*time.Second, "the storm over left out", func() bool { return h.logCount(leftOut) >= 1 })
+	testenv.WaitFor(t, 30*time.Second, "the storm over left out", func() bool { return h.logCount(leftOut) >= 1 })
 	senders.waitFor(1)
 	waitQuiet(t, senders.take, 1)
 	senders.check(map[string][]string{"webhook": {hawkTask(project, ruleID(stormy), hawkEvent("db", 5, ""))}})
@@ -247,7 +247,7 @@ func TestHawkSendersGetRegressionsAsEvents(t *testing.T) {
 	h.publish(event(project, "TypeError: x is undefined", "g-res", false, `"repetitionId":"r1"`),
 		event(project, "TypeError: x is undefined", "g-res", false, `"repetitionId":"r2"`))
 	senders.waitFor(1)
-	waitFor(t, 30*time.Second, "both events counted", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "both events counted", func() bool {
 		return w.metric(t, "klaxon_events_total", "outcome", "counted") >= 2
 	})
 	waitQuiet(t, senders.take, 1)

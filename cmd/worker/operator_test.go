@@ -9,6 +9,7 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 
 	"github.com/klaxonhq/klaxon/internal/notify/notifytest"
+	"github.com/klaxonhq/klaxon/internal/testenv"
 	"github.com/klaxonhq/klaxon/internal/watchdog"
 )
 
@@ -83,7 +84,7 @@ func TestOperatorAlertedWhenDeliveriesStall(t *testing.T) {
 	if n := len(h.smtp.Messages()); n != 2 {
 		t.Fatalf("%d operator mails, want 2", n)
 	}
-	waitFor(t, 10*time.Second, "the alerts in the log and metric", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the alerts in the log and metric", func() bool {
 		return len(h.logs.logLines("operator alerted: Klaxon's notifications are delayed")) == 1 &&
 			len(h.logs.logLines("operator alerted: Klaxon's notifications flow again")) == 1
 	})

@@ -198,7 +198,7 @@ func TestOneHashedQueueRefusedOrDeleted(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	waitFor(t, 30*time.Second, "the deleted queue to be consumed again", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the deleted queue to be consumed again", func() bool {
 		declared := false
 		for _, l := range h.logs.logLines("declared the missing queue") {
 			declared = declared || l["queue"] == qs[0]

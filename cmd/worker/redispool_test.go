@@ -8,6 +8,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.mongodb.org/mongo-driver/v2/bson"
+
+	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
 // Every delivery job in flight can have a Redis connection of its own:
@@ -32,7 +34,7 @@ func TestEveryDeliveryJobHasARedisConnection(t *testing.T) {
 		msgs = append(msgs, event(project, fmt.Sprintf("error %d", i), fmt.Sprintf("g%d", i), true))
 	}
 	h.publish(msgs...)
-	waitFor(t, 30*time.Second, fmt.Sprintf("%d delivery jobs queued", jobs), func() bool {
+	testenv.WaitFor(t, 30*time.Second, fmt.Sprintf("%d delivery jobs queued", jobs), func() bool {
 		return h.deliveryJobsReady(t) == jobs
 	})
 
@@ -54,7 +56,7 @@ func TestEveryDeliveryJobHasARedisConnection(t *testing.T) {
 	}
 	h.env["KLAXON_ROLE"] = "deliverer"
 	h.start()
-	waitFor(t, 15*time.Second, "a connection for each job's claim", func() bool { return clients()-before >= jobs })
+	testenv.WaitFor(t, 15*time.Second, "a connection for each job's claim", func() bool { return clients()-before >= jobs })
 	if err := rdb.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
 		t.Fatal(err)
 	}

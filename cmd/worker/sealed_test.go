@@ -119,7 +119,7 @@ func TestEndpointsSealedInQueuesAndRedis(t *testing.T) {
 	h.env["KLAXON_ENDPOINT_KEY"] = oldKey
 	h.start()
 	h.publish(event(project, "Sealed", "g1", true))
-	waitFor(t, 30*time.Second, "5 delivery jobs queued", func() bool { return h.deliveryJobsReady(t) == 5 })
+	testenv.WaitFor(t, 30*time.Second, "5 delivery jobs queued", func() bool { return h.deliveryJobsReady(t) == 5 })
 	// A project's jobs past its share of the main lane wait in the bulk lane.
 	jobs := append(peekQueue(t, h.amqpURL, h.prefix+".deliveries"), peekQueue(t, h.amqpURL, h.prefix+".deliveries.bulk")...)
 	if len(jobs) != 5 {
@@ -201,7 +201,7 @@ func TestEndpointSealedWithUnknownKeyFailsForGood(t *testing.T) {
 	h.env["KLAXON_ENDPOINT_KEY"] = endpointKey(t)
 	h.start()
 	h.publish(event(project, "Old key", "g1", true))
-	waitFor(t, 30*time.Second, "a delivery job queued", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "a delivery job queued", func() bool {
 		return readyMessages(t, h.amqpURL, h.prefix+".deliveries") == 1
 	})
 
@@ -214,7 +214,7 @@ func TestEndpointSealedWithUnknownKeyFailsForGood(t *testing.T) {
 		t.Errorf("klaxon_endpoints_unopened_total = %v, want 1", v)
 	}
 	var reason string
-	waitFor(t, 10*time.Second, "the failed notification", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the failed notification", func() bool {
 		for _, d := range getAll(t, h.amqpURL, h.prefix+".failed") {
 			reason = fmt.Sprint(d.Headers["x-klaxon-error"])
 		}

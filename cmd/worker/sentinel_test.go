@@ -85,7 +85,7 @@ func (s *failoverStream) tally(t *testing.T, h *harness) (missed, extra int) {
 // ready or unacked: every notification the stream will cause was sent.
 func waitDrained(t *testing.T, h *harness) {
 	t.Helper()
-	waitFor(t, 120*time.Second, "the queues to drain", func() bool {
+	testenv.WaitFor(t, 120*time.Second, "the queues to drain", func() bool {
 		for _, q := range []string{h.queue, h.prefix + ".deliveries", h.prefix + ".deliveries.bulk"} {
 			if ready, unacked, ok := queueMessages(t, q); ok && ready+unacked != 0 {
 				return false

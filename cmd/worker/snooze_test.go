@@ -45,7 +45,7 @@ func TestSnoozedRuleSendsNothingThenOneSummary(t *testing.T) {
 		msgs = append(msgs, event(project, "boom", fmt.Sprint("g", i), true))
 	}
 	h.publish(msgs...)
-	waitFor(t, 30*time.Second, "3 firings held back", func() bool { return snoozedTotal(t, w1, w2) == 3 })
+	testenv.WaitFor(t, 30*time.Second, "3 firings held back", func() bool { return snoozedTotal(t, w1, w2) == 3 })
 	if time.Now().After(sn.Until) {
 		t.Fatal("the snooze ended before the firings were held: the machine is too slow for this test")
 	}
@@ -94,7 +94,7 @@ func TestGroupSnoozeWithoutSummary(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.publish(event(project, "boom", "g1", true), event(project, "boom", "g2", true))
-	waitFor(t, 30*time.Second, "g1 held back", func() bool { return snoozedTotal(t, w) == 1 })
+	testenv.WaitFor(t, 30*time.Second, "g1 held back", func() bool { return snoozedTotal(t, w) == 1 })
 	bodies := h.webhookBodies(1)
 	if ev := bodies[0]["event"].(map[string]any); ev["groupHash"] != "g2" {
 		t.Fatalf("sent %v, want g2's firing only", bodies[0])

@@ -51,7 +51,7 @@ func (h *harness) warmUp() {
 		msgs = append(msgs, event("000000000000000000000000", "warm-up", fmt.Sprint("warm-", i), false))
 	}
 	h.publish(msgs...)
-	waitFor(h.t, 30*time.Second, "the warm-up events taken", func() bool {
+	testenv.WaitFor(h.t, 30*time.Second, "the warm-up events taken", func() bool {
 		ready, unacked, ok := queueMessages(h.t, h.queue)
 		return ok && ready+unacked == 0 || !ok && readyMessages(h.t, h.amqpURL, h.queue) == 0
 	})
@@ -310,7 +310,7 @@ func TestWorkerKilledMidCheckStillSendsOneStormOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the storm to be closed", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the storm to be closed", func() bool {
 		return rdb.ZCard(ctx, h.prefix+":{storms}:due").Val() == 0
 	})
 	waitQuiet(t, func() int { return len(h.webhook.Requests()) + len(h.slack.Requests()) }, 2)

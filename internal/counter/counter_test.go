@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,26 +13,13 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
-// testRedis connects to the Redis the tests run against, failing clearly
-// when it does not answer.
+// testRedis is the test Redis (testenv.Redis).
 func testRedis(t testing.TB) *redis.Client {
 	t.Helper()
-	url := os.Getenv("KLAXON_TEST_REDIS_URL")
-	if url == "" {
-		url = "redis://127.0.0.1:6379/0"
-	}
-	opts, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatalf("KLAXON_TEST_REDIS_URL: %v", err)
-	}
-	rdb := redis.NewClient(opts)
-	t.Cleanup(func() { rdb.Close() })
-	if err := rdb.Ping(context.Background()).Err(); err != nil {
-		t.Fatalf("Redis at %s does not answer (start it, see README): %v", url, err)
-	}
-	return rdb
+	return testenv.Redis(t)
 }
 
 // testPrefix is a key prefix of this test alone; its keys are deleted after.
@@ -494,11 +480,7 @@ func exactCount(times []int64, from, to int64) int64 {
 // resolution bound of an exact count.
 func TestModelAgreesWithLua(t *testing.T) {
 	rdb := testRedis(t)
-	streams := 300
-	if testing.Short() {
-		streams = 50
-	}
-	differential(t, rdb, streams, 1)
+	differential(t, rdb, 300, 1)
 }
 
 func differential(t *testing.T, rdb redis.UniversalClient, streams int, seed uint64) {
@@ -763,10 +745,7 @@ func TestModelAgreesWithLuaAtTheEdges(t *testing.T) {
 	ctx := context.Background()
 	const day = 86_400_000
 	periods := []int64{1000, 1001, 1099, 6001, 59_999, day, 7*day + 13, 31 * day}
-	streams := 150
-	if testing.Short() {
-		streams = 30
-	}
+	const streams = 150
 	var fast, script int64
 	for s := range streams {
 		rng := rand.New(rand.NewPCG(11, uint64(s)))
@@ -916,13 +895,7 @@ func dedupSlots(t *testing.T, rdb *redis.Client, e *Engine, ttl time.Duration) (
 	slot := func() int64 { return rdb.Time(context.Background()).Val().UnixMilli() / ttl.Milliseconds() }
 	waitSlot = func(s int64) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for slot() < s {
-			if time.Now().After(deadline) {
-				t.Fatalf("Redis' clock did not reach slot %d", s)
-			}
-			time.Sleep(10 * time.Millisecond) // polling Redis' clock with a deadline
-		}
+		testenv.WaitFor(t, 10*time.Second, fmt.Sprintf("Redis' clock in slot %d", s), func() bool { return slot() >= s })
 	}
 	in = func(ev Event) (Result, int64) {
 		before := slot()

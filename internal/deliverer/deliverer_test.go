@@ -73,6 +73,14 @@ func startDeliverer(t *testing.T, cfg Config, channels map[string]notify.Channel
 // cc (URL, queue and logger are filled in).
 func startDelivererWith(t *testing.T, cfg Config, channels map[string]notify.Channel, cc queue.ConsumerConfig) (*queue.Publisher, *Deliverer) {
 	t.Helper()
+	tr, d := startCounted(t, cfg, channels, cc)
+	return tr.Publisher, d
+}
+
+// startCounted is startDelivererWith with the jobs counted in and out
+// (traffic), for a test that must know the deliverer idle.
+func startCounted(t *testing.T, cfg Config, channels map[string]notify.Channel, cc queue.ConsumerConfig) (*traffic, *Deliverer) {
+	t.Helper()
 	url := testenv.AMQPURL(t)
 	cfg.Prefix = testenv.KeyPrefix(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -84,7 +92,8 @@ func startDelivererWith(t *testing.T, cfg Config, channels map[string]notify.Cha
 	if cfg.Logger == nil {
 		cfg.Logger = log
 	}
-	cfg.Redis, cfg.Publisher, cfg.Channels, cfg.Metrics = testenv.Redis(t), pub, channels, metrics.New(prometheus.NewRegistry())
+	tr := &traffic{Publisher: pub}
+	cfg.Redis, cfg.Publisher, cfg.Channels, cfg.Metrics = testenv.Redis(t), tr, channels, metrics.New(prometheus.NewRegistry())
 	d := New(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := d.Declare(ctx, pub); err != nil {
@@ -95,6 +104,17 @@ func startDelivererWith(t *testing.T, cfg Config, channels map[string]notify.Cha
 		names = append(names, d.delayQueue(delay))
 	}
 	testenv.DeleteQueuesAtCleanup(t, names...)
+	tr.consumed = map[string]bool{}
+	for _, q := range names {
+		tr.consumed[q] = q != d.cfg.FailedQueue
+	}
+	settled := cc.Hooks.Batch
+	cc.Hooks.Batch = func(r queue.BatchResult) {
+		tr.settled.Add(int64(r.Acked))
+		if settled != nil {
+			settled(r)
+		}
+	}
 	var wg sync.WaitGroup
 	for _, q := range []string{d.Queue(), d.cfg.BulkQueue} {
 		cc.URL, cc.Queue, cc.Logger = url, q, log
@@ -105,7 +125,39 @@ func startDelivererWith(t *testing.T, cfg Config, channels map[string]notify.Cha
 		wg.Go(func() { c.Consume(ctx, d.Handle) })
 	}
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	return pub, d
+	return tr, d
+}
+
+// traffic is a test deliverer's publisher, shared with the test, that
+// counts the jobs published to the queues the deliverer consumes (directly
+// or through its retry queues): the test's, and the deliverer's own
+// retries and flushes. Its consumers count the jobs they settle. When the
+// counts meet, no job is queued or in hand, and nothing more is sent until
+// the test publishes again. A job is counted before it is published: one
+// whose publish failed keeps the deliverer from looking idle, never the
+// reverse.
+type traffic struct {
+	*queue.Publisher
+	consumed map[string]bool // by queue name; read-only once the deliverer runs
+	queued   atomic.Int64
+	settled  atomic.Int64
+}
+
+func (tr *traffic) Publish(ctx context.Context, msgs ...queue.Message) error {
+	for _, m := range msgs {
+		if tr.consumed[m.RoutingKey] {
+			tr.queued.Add(1)
+		}
+	}
+	return tr.Publisher.Publish(ctx, msgs...)
+}
+
+// waitIdle waits until every job published to the deliverer was settled.
+func (tr *traffic) waitIdle(t *testing.T) {
+	t.Helper()
+	testenv.WaitFor(t, 30*time.Second, "the deliverer to settle every job published to it", func() bool {
+		return tr.settled.Load() == tr.queued.Load()
+	})
 }
 
 // oneFiring is the job of firing n of rule, of project "p", on a
@@ -139,12 +191,8 @@ func TestPacedToTheProvidersLimit(t *testing.T) {
 	if err := pub.Publish(context.Background(), msgs...); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for len(rec.times()) < 3 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of 3 notifications sent", len(rec.times()))
-		}
-		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
+	if !testenv.Eventually(20*time.Second, func() bool { return len(rec.times()) >= 3 }) {
+		t.Fatalf("%d of 3 notifications sent", len(rec.times()))
 	}
 	sent := rec.times()
 	for i := 1; i < len(sent); i++ {
@@ -280,21 +328,15 @@ func TestLongRetryAfterIsHonoured(t *testing.T) {
 	if err := pub.Publish(context.Background(), queue.Message{RoutingKey: d.Queue(), Body: retry}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.WaitFor(t, 10*time.Second, "the early job parked again", func() bool {
 		select {
 		case <-ch.tried:
 			t.Fatal("retried an hour before the provider's Retry-After")
 		default:
 		}
-		if n, err := pub.Depth(context.Background(), longest); err == nil && n == 1 {
-			break // parked again
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the early job was not parked again")
-		}
-		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
-	}
+		n, err := pub.Depth(context.Background(), longest)
+		return err == nil && n == 1
+	})
 	select {
 	case <-ch.tried:
 		t.Fatal("retried an hour before the provider's Retry-After")
@@ -523,12 +565,8 @@ func TestHungEndpointDoesNotDelayOtherNotifications(t *testing.T) {
 		}
 		return m.GetCounter().GetValue()
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for sent("webhook") < hungJobs+1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%v webhook notifications sent, want %d", sent("webhook"), hungJobs+1)
-		}
-		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
+	if !testenv.Eventually(10*time.Second, func() bool { return sent("webhook") >= hungJobs+1 }) {
+		t.Fatalf("%v webhook notifications sent, want %d", sent("webhook"), hungJobs+1)
 	}
 	if v := sent("slack"); v != 1 {
 		t.Errorf("%v Slack notifications sent, want 1", v)
@@ -655,12 +693,8 @@ func TestANotificationCostsTwoRedisRoundTrips(t *testing.T) {
 	}
 	key := d.claimKey("n1:slack")
 	world := testenv.Redis(t) // polls on a client of its own, not counted
-	deadline := time.Now().Add(10 * time.Second)
-	for world.Get(context.Background(), key).Val() != "sent" {
-		if time.Now().After(deadline) {
-			t.Fatalf("n1 not recorded as sent; %d sends", len(rec.times()))
-		}
-		time.Sleep(10 * time.Millisecond) // polling a condition with a deadline
+	if !testenv.Eventually(10*time.Second, func() bool { return world.Get(context.Background(), key).Val() == "sent" }) {
+		t.Fatalf("n1 not recorded as sent; %d sends", len(rec.times()))
 	}
 	if got := trips.n.Load(); got != 2 {
 		t.Errorf("%d round trips for one notification, want 2: the claim with the snooze read, and the record", got)
@@ -704,13 +738,7 @@ func TestSentIsLoggedOnceRecorded(t *testing.T) {
 	if err := pub.Publish(context.Background(), m); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for len(h.lines()) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no \"notification sent\" line")
-		}
-		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
-	}
+	testenv.WaitFor(t, 20*time.Second, `a "notification sent" line`, func() bool { return len(h.lines()) > 0 })
 	if got := h.lines(); len(got) != 1 || got[0] != "recorded=true, claim holds sent" {
 		t.Errorf("lines %q, want one saying recorded=true while the claim holds sent", got)
 	}

@@ -28,7 +28,7 @@ func periodJob(t *testing.T, id string, minPeriod time.Duration) wire.Job {
 	return oneFiring("slack", "https://hooks.example/T1", "r", minPeriod, &notify.Notification{ID: id, Type: notify.TypeNew, FiredAt: time.Now()})
 }
 
-func publishJobs(t *testing.T, pub *queue.Publisher, q string, jobs ...wire.Job) {
+func publishJobs(t *testing.T, pub Publisher, q string, jobs ...wire.Job) {
 	t.Helper()
 	var msgs []queue.Message
 	for _, j := range jobs {
@@ -43,18 +43,12 @@ func publishJobs(t *testing.T, pub *queue.Publisher, q string, jobs ...wire.Job)
 	}
 }
 
-// sentIDs waits until rec got n messages, then for quiet to see no more, and
-// returns the ids it got.
-func sentIDs(t *testing.T, rec *recorder, n int, quiet time.Duration) []string {
+// sentIDs waits until rec got n messages (20 s at most), then until the
+// deliverer is idle, so that no more can come, and returns the ids it got.
+func sentIDs(t *testing.T, tr *traffic, rec *recorder, n int) []string {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for len(rec.times()) < n {
-		if time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
-	}
-	time.Sleep(quiet) // nothing more may come: waiting out the next flush
+	testenv.Eventually(20*time.Second, func() bool { return len(rec.times()) >= n }) // the caller says what came
+	tr.waitIdle(t)
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	return append([]string(nil), rec.ids...)
@@ -65,10 +59,10 @@ func sentIDs(t *testing.T, rec *recorder, n int, quiet time.Duration) []string {
 // "digested": the digest's send must not take it for done.
 func TestDigestOfOneIsSent(t *testing.T) {
 	rec := &recorder{}
-	pub, d := startDeliverer(t, Config{Limits: map[string][]pacing.Limit{}}, map[string]notify.Channel{"slack": rec})
-	publishJobs(t, pub, d.Queue(), periodJob(t, "n1", time.Second), periodJob(t, "n2", time.Second))
+	tr, d := startCounted(t, Config{Limits: map[string][]pacing.Limit{}}, map[string]notify.Channel{"slack": rec}, queue.ConsumerConfig{})
+	publishJobs(t, tr, d.Queue(), periodJob(t, "n1", time.Second), periodJob(t, "n2", time.Second))
 	// Handled at once, either may be the one sent first.
-	if ids := sentIDs(t, rec, 2, 2*time.Second); !slices.Equal(slices.Sorted(slices.Values(ids)), []string{"n1", "n2"}) {
+	if ids := sentIDs(t, tr, rec, 2); !slices.Equal(slices.Sorted(slices.Values(ids)), []string{"n1", "n2"}) {
 		t.Errorf("sent %v, want one at once, then the other alone after the minPeriod", ids)
 	}
 }
@@ -78,10 +72,10 @@ func TestDigestOfOneIsSent(t *testing.T) {
 // must not gather the firing again, nor send it alone.
 func TestRedeliveredGatheredJobNotSentAgain(t *testing.T) {
 	rec := &recorder{}
-	pub, d := startDeliverer(t, Config{Limits: map[string][]pacing.Limit{}}, map[string]notify.Channel{"slack": rec})
+	tr, d := startCounted(t, Config{Limits: map[string][]pacing.Limit{}}, map[string]notify.Channel{"slack": rec}, queue.ConsumerConfig{})
 	n1, n2, n3 := periodJob(t, "n1", time.Second), periodJob(t, "n2", time.Second), periodJob(t, "n3", time.Second)
-	publishJobs(t, pub, d.Queue(), n1, n2, n3)
-	if ids := sentIDs(t, rec, 2, 0); len(ids) != 2 {
+	publishJobs(t, tr, d.Queue(), n1, n2, n3)
+	if ids := sentIDs(t, tr, rec, 2); len(ids) != 2 {
 		t.Fatalf("sent %v, want one firing, then a digest of the other two", ids)
 	}
 	// The worker that gathered one of the digest's firings died before its
@@ -99,15 +93,15 @@ func TestRedeliveredGatheredJobNotSentAgain(t *testing.T) {
 	if err := d.rdb.Del(ctx, d.claimKey(gathered.Key())).Err(); err != nil {
 		t.Fatal(err)
 	}
-	publishJobs(t, pub, d.Queue(), *gathered) // its redelivery
-	if ids := sentIDs(t, rec, 2, 2500*time.Millisecond); len(ids) != 2 {
+	publishJobs(t, tr, d.Queue(), *gathered) // its redelivery
+	if ids := sentIDs(t, tr, rec, 2); len(ids) != 2 {
 		t.Errorf("sent %v, want %s in one digest only", ids, gathered.Firings[0].Notification.ID)
 	}
 }
 
 // newTestDeliverer is a deliverer on rdb that consumes nothing, its retry
 // queues declared.
-func newTestDeliverer(t *testing.T, prefix string, rdb redis.UniversalClient, pub *queue.Publisher, ch notify.Channel) *Deliverer {
+func newTestDeliverer(t *testing.T, prefix string, rdb redis.UniversalClient, pub Publisher, ch notify.Channel) *Deliverer {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	return New(Config{Prefix: prefix, Limits: map[string][]pacing.Limit{},
@@ -121,9 +115,9 @@ func newTestDeliverer(t *testing.T, prefix string, rdb redis.UniversalClient, pu
 func TestFlushTakenByADigestInFlightStillFlushes(t *testing.T) {
 	ctx := context.Background()
 	rec := &recorder{}
-	pub, base := startDeliverer(t, Config{Limits: map[string][]pacing.Limit{}}, map[string]notify.Channel{"slack": rec})
-	a := newTestDeliverer(t, base.cfg.Prefix, testenv.Redis(t), pub, rec)
-	b := newTestDeliverer(t, base.cfg.Prefix, testenv.Redis(t), pub, rec)
+	tr, base := startCounted(t, Config{Limits: map[string][]pacing.Limit{}}, map[string]notify.Channel{"slack": rec}, queue.ConsumerConfig{})
+	a := newTestDeliverer(t, base.cfg.Prefix, testenv.Redis(t), tr, rec)
+	b := newTestDeliverer(t, base.cfg.Prefix, testenv.Redis(t), tr, rec)
 	world := testenv.Redis(t)
 	// The period is short: n2's digest comes a minPeriod after n1's was sent.
 	flush := &wire.Job{Channel: "slack", Endpoint: "https://hooks.example/T1", MinPeriod: 1000, ProjectID: "p", RuleID: "r"}
@@ -160,7 +154,7 @@ func TestFlushTakenByADigestInFlightStillFlushes(t *testing.T) {
 	}
 	// A flush scheduled now would come from the shortest retry queue, to the
 	// deliverer running on these queues.
-	if ids := sentIDs(t, rec, 2, 500*time.Millisecond); !slices.Equal(ids, []string{"n1", "n2"}) {
+	if ids := sentIDs(t, tr, rec, 2); !slices.Equal(ids, []string{"n1", "n2"}) {
 		t.Errorf("sent %v, want n1's digest, then n2's: n2 is pending with no flush to come (state %v)",
 			ids, world.HGetAll(ctx, keys.state).Val())
 	}
@@ -289,18 +283,9 @@ func TestMinPeriodRunsFromTheEndOfTheSend(t *testing.T) {
 		t.Fatal("the first message never came")
 	}
 	publishJobs(t, pub, d.Queue(), periodJob(t, "n2", period))
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		p.mu.Lock()
-		n := len(p.came)
-		p.mu.Unlock()
-		if n == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d messages came, want the first and a digest", n)
-		}
-		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
+	var n int
+	if !testenv.Eventually(20*time.Second, func() bool { p.mu.Lock(); defer p.mu.Unlock(); n = len(p.came); return n == 2 }) {
+		t.Fatalf("%d messages came, want the first and a digest", n)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

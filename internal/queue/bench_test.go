@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/klaxonhq/klaxon/internal/queue"
+	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
 const benchMessages = 10_000
@@ -85,7 +86,7 @@ func BenchmarkConsume(b *testing.B) {
 			if err := pub.Declare(b.Context(), q, nil); err != nil {
 				b.Fatal(err)
 			}
-			c, err := queue.NewConsumer(queue.ConsumerConfig{URL: brokerURL(), Queue: q, Prefetch: tc.prefetch, MaxBatch: tc.batch,
+			c, err := queue.NewConsumer(queue.ConsumerConfig{URL: testenv.AMQPURL(b), Queue: q, Prefetch: tc.prefetch, MaxBatch: tc.batch,
 				MaxHeldBytes: tc.held, Concurrency: tc.concurrency, Logger: quietLogger()})
 			if err != nil {
 				b.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/klaxonhq/klaxon/internal/queue"
+	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
 // These tests use the prefetch as their witness: the broker sends no more
@@ -30,7 +31,7 @@ func hasTag(b *queue.Batch, tag uint64) bool {
 }
 
 func TestConcurrencyIsChecked(t *testing.T) {
-	if _, err := queue.NewConsumer(queue.ConsumerConfig{URL: defaultTestURL, Queue: "q", Concurrency: -1}); err == nil {
+	if _, err := queue.NewConsumer(queue.ConsumerConfig{URL: "amqp://guest:guest@127.0.0.1:5672/", Queue: "q", Concurrency: -1}); err == nil {
 		t.Error("NewConsumer accepted Concurrency -1")
 	}
 }
@@ -78,11 +79,11 @@ func TestConcurrentBatchesPassABlockedOne(t *testing.T) {
 		return nil
 	})
 	held := receive(t, blocked, 10*time.Second, "the first batch")
-	if !eventually(15*time.Second, func() bool { return l.ackedCount() == n-len(held) }) {
+	if !testenv.Eventually(15*time.Second, func() bool { return l.ackedCount() == n-len(held) }) {
 		t.Fatalf("acked %d of the %d messages behind the blocked batch", l.ackedCount(), n-len(held))
 	}
 	close(release)
-	if !eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
+	if !testenv.Eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
 		t.Fatalf("acked %d of %d after the release", l.ackedCount(), n)
 	}
 	r.stop(t, 10*time.Second)
@@ -145,7 +146,7 @@ func TestConcurrentHandlerErrorsRetryPerBatch(t *testing.T) {
 		l.record(batch, func(int) bool { return false })
 		return nil
 	})
-	if !eventually(15*time.Second, func() bool { return l.ackedCount() == n }) {
+	if !testenv.Eventually(15*time.Second, func() bool { return l.ackedCount() == n }) {
 		t.Fatalf("acked %d of %d (the held batch holds %d)", l.ackedCount(), n, stuckSize.Load())
 	}
 	r.stop(t, 10*time.Second)
@@ -259,7 +260,7 @@ func TestConcurrentChannelCutRedeliversExactlyTheUnacked(t *testing.T) {
 		}
 		return cut
 	}
-	if !eventually(10*time.Second, full) {
+	if !testenv.Eventually(10*time.Second, full) {
 		mu.Lock()
 		got := fmt.Sprint(before)
 		mu.Unlock()
@@ -268,7 +269,7 @@ func TestConcurrentChannelCutRedeliversExactlyTheUnacked(t *testing.T) {
 	if k := px.cut(); k != 1 {
 		t.Fatalf("cut %d connections, want 1", k)
 	}
-	if !eventually(15*time.Second, func() bool { return l.ackedCount() == n }) {
+	if !testenv.Eventually(15*time.Second, func() bool { return l.ackedCount() == n }) {
 		t.Fatalf("acked %d of %d after the cut", l.ackedCount(), n)
 	}
 	r.stop(t, 10*time.Second)
@@ -386,7 +387,7 @@ func TestConcurrentFailuresLogOneOutage(t *testing.T) {
 		return nil
 	})
 	// Every slot holds a failing batch, each retried at least once.
-	if !eventually(10*time.Second, func() bool {
+	if !testenv.Eventually(10*time.Second, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		retried := 0
@@ -400,7 +401,7 @@ func TestConcurrentFailuresLogOneOutage(t *testing.T) {
 		t.Fatalf("not every slot held a retried batch: %v", failing)
 	}
 	down.Store(false)
-	if !eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
+	if !testenv.Eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
 		t.Fatalf("acked %d of %d", l.ackedCount(), n)
 	}
 	r.stop(t, 10*time.Second)
@@ -428,8 +429,22 @@ func TestInOrderAcksWaitForTheOlderBatch(t *testing.T) {
 	var younger atomic.Int64 // deliveries handled while tag 1 was held
 	var holding atomic.Bool
 	holding.Store(true)
+	// Held reports the bytes held after each change: they grow as
+	// deliveries arrive, on one goroutine, and fall only when a batch is
+	// settled.
+	var heldMu sync.Mutex
+	var heldLast int64
+	var settledEarly bool // a batch settled while tag 1 was held
 	_, r := startConsumer(t, queue.ConsumerConfig{
 		Queue: q, Prefetch: prefetch, MaxBatch: 2, Concurrency: 4, InOrder: true,
+		Hooks: queue.Hooks{Held: func(bytes int64) {
+			heldMu.Lock()
+			defer heldMu.Unlock()
+			if bytes < heldLast && holding.Load() {
+				settledEarly = true
+			}
+			heldLast = bytes
+		}},
 	}, func(ctx context.Context, batch *queue.Batch) error {
 		if hasTag(batch, 1) {
 			select {
@@ -437,6 +452,7 @@ func TestInOrderAcksWaitForTheOlderBatch(t *testing.T) {
 			case <-ctx.Done():
 				t.Errorf("held handler's context ended: %v", ctx.Err())
 			}
+			holding.Store(false)
 		} else if holding.Load() {
 			younger.Add(int64(len(batch.Deliveries)))
 		}
@@ -444,19 +460,20 @@ func TestInOrderAcksWaitForTheOlderBatch(t *testing.T) {
 		return nil
 	})
 	// Everything the prefetch allows beyond the held batch is handled...
-	if !eventually(10*time.Second, func() bool { return younger.Load() == prefetch-2 }) {
+	if !testenv.Eventually(10*time.Second, func() bool { return younger.Load() == prefetch-2 }) {
 		t.Fatalf("handled %d deliveries behind the held batch, want %d", younger.Load(), prefetch-2)
 	}
-	// ...and none of it acked: an ack would free the prefetch for more. A
-	// bounded wait for something that must not happen.
-	time.Sleep(300 * time.Millisecond)
-	if got := younger.Load(); got != prefetch-2 {
-		t.Fatalf("handled %d deliveries behind the held batch, want %d: younger batches were acked first", got, prefetch-2)
-	}
-	holding.Store(false)
 	close(release)
-	if !eventually(15*time.Second, func() bool { return l.ackedCount() == n }) {
+	if !testenv.Eventually(15*time.Second, func() bool { return l.ackedCount() == n }) {
 		t.Fatalf("acked %d of %d after the release", l.ackedCount(), n)
+	}
+	// ...and none of it was settled before the held batch: an ack would
+	// have freed the prefetch for more.
+	heldMu.Lock()
+	early := settledEarly
+	heldMu.Unlock()
+	if got := younger.Load(); early || got != prefetch-2 {
+		t.Errorf("handled %d deliveries behind the held batch, want %d; one settled before it: %t", got, prefetch-2, early)
 	}
 	r.stop(t, 10*time.Second)
 	l.exactlyOnce(t, n)
@@ -484,7 +501,7 @@ func TestInOrderStopAcksTheDoneBehindAGivenUpBatch(t *testing.T) {
 		done.Add(int64(len(batch.Deliveries)))
 		return nil
 	})
-	if !eventually(10*time.Second, func() bool { return done.Load() == n-2 }) {
+	if !testenv.Eventually(10*time.Second, func() bool { return done.Load() == n-2 }) {
 		t.Fatalf("handled %d deliveries behind the held batch, want %d", done.Load(), n-2)
 	}
 	r.stop(t, 10*time.Second)
@@ -575,7 +592,7 @@ func TestConcurrentBatchesRunOnKeptHandlers(t *testing.T) {
 			handled.Add(1)
 			return nil
 		})
-	if !eventually(10*time.Second, func() bool { return handled.Load() >= n }) {
+	if !testenv.Eventually(10*time.Second, func() bool { return handled.Load() >= n }) {
 		t.Fatalf("%d of %d batches handled", handled.Load(), n)
 	}
 	mu.Lock()

@@ -16,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/klaxonhq/klaxon/internal/queue"
+	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
 // ledger records what a handler saw and what it settled.
@@ -83,7 +84,7 @@ func TestConsumeBatchesAndMultipleAcks(t *testing.T) {
 		l.record(batch, func(int) bool { return false })
 		return nil
 	})
-	if !eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
+	if !testenv.Eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
 		t.Fatalf("acked %d of %d", l.ackedCount(), n)
 	}
 	if !c.Connected() {
@@ -227,9 +228,7 @@ func TestOldestHoldReportsTheHeldBatch(t *testing.T) {
 		l.record(batch, func(int) bool { return false })
 		return nil
 	})
-	if !eventually(10*time.Second, func() bool { h, ok := c.OldestHold(); return ok && h.Attempts >= 3 }) {
-		t.Fatal("no batch reported held after failed attempts")
-	}
+	testenv.WaitFor(t, 10*time.Second, "a batch reported held after 3 failed attempts", func() bool { h, ok := c.OldestHold(); return ok && h.Attempts >= 3 })
 	h, _ := c.OldestHold()
 	if !errors.Is(h.Err, errBoom) || h.Size == 0 || h.Since.Before(start) || h.Since.After(time.Now()) {
 		t.Errorf("held batch %+v", h)
@@ -249,6 +248,7 @@ func TestGracefulStopLetsTheHandlerFinish(t *testing.T) {
 	inHandler := make(chan int, 1)
 	release := make(chan struct{})
 	handlerCtxErr := make(chan error, 1)
+	var handlerDone atomic.Bool
 	calls := 0
 	_, r := startConsumer(t, queue.ConsumerConfig{Queue: q, Prefetch: 100, MaxBatch: 10}, func(ctx context.Context, batch *queue.Batch) error {
 		calls++
@@ -259,25 +259,28 @@ func TestGracefulStopLetsTheHandlerFinish(t *testing.T) {
 		inHandler <- len(batch.Deliveries)
 		<-release
 		handlerCtxErr <- ctx.Err()
+		handlerDone.Store(true)
 		return nil
 	})
 	size := receive(t, inHandler, 10*time.Second, "the first batch")
 
+	// The handler keeps running after the cancel, until it is done:
+	// whenever Consume returns, the handler must have.
+	r.cancel()
 	stopped := make(chan time.Duration, 1)
-	go func() { stopped <- r.stop(t, 10*time.Second) }()
-	// The handler keeps running after the cancel, until it is done.
-	time.Sleep(100 * time.Millisecond) // let the cancel land while the handler works
-	select {
-	case <-stopped:
-		t.Fatal("Consume returned while its handler was still running")
-	default:
-	}
+	go func() {
+		took := r.stop(t, 10*time.Second)
+		if !handlerDone.Load() {
+			t.Error("Consume returned while its handler was still running")
+		}
+		stopped <- took
+	}()
 	close(release)
 	if err := receive(t, handlerCtxErr, 5*time.Second, "handler end"); err != nil {
 		t.Errorf("handler context ended (%v) within the stop grace", err)
 	}
 	took := receive(t, stopped, 10*time.Second, "Consume to return")
-	t.Logf("stop took %s, of which ~100ms waiting for the handler", took)
+	t.Logf("stop took %s after the cancel", took)
 	if took > 2*time.Second {
 		t.Errorf("stop took %s", took)
 	}
@@ -339,7 +342,7 @@ func TestReconnectAfterNetworkCut(t *testing.T) {
 	if err := receive(t, firstCtxErr, 5*time.Second, "the handler's context to end with the channel"); !errors.Is(err, context.Canceled) {
 		t.Errorf("handler ctx: %v", err)
 	}
-	if !eventually(15*time.Second, func() bool { return l.ackedCount() == n }) {
+	if !testenv.Eventually(15*time.Second, func() bool { return l.ackedCount() == n }) {
 		t.Fatalf("acked %d of %d after the cut", l.ackedCount(), n)
 	}
 	if !tr.reconnected() || !c.Connected() {
@@ -372,22 +375,18 @@ func TestReconnectAfterBrokerClosesConnection(t *testing.T) {
 		l.record(batch, func(int) bool { return false })
 		return nil
 	})
-	if !eventually(10*time.Second, c.Connected) {
-		t.Fatal("consumer never connected")
-	}
+	testenv.WaitFor(t, 10*time.Second, "the consumer to connect", c.Connected)
 	closeConnection(t, name)
-	if !eventually(10*time.Second, func() bool { return tr.reconnected() && c.Connected() }) {
+	if !testenv.Eventually(10*time.Second, func() bool { return tr.reconnected() && c.Connected() }) {
 		t.Fatalf("consumer transitions %v; want up, down, up", tr.get())
 	}
 
 	// The publisher's connection goes the same way and comes back on use.
 	closeConnection(t, name+"-pub")
-	if !eventually(10*time.Second, func() bool { return !pub.Connected() }) {
-		t.Fatal("publisher still reports connected after the broker closed it")
-	}
+	testenv.WaitFor(t, 10*time.Second, "the publisher to report the connection the broker closed", func() bool { return !pub.Connected() })
 	const n = 10
 	fill(t, pub, q, n)
-	if !eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
+	if !testenv.Eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
 		t.Fatalf("acked %d of %d", l.ackedCount(), n)
 	}
 	r.stop(t, 10*time.Second)
@@ -416,16 +415,14 @@ func TestConsumerRecoversWhenItsQueueIsDeleted(t *testing.T) {
 				l.record(batch, func(int) bool { return false })
 				return nil
 			})
-			if !eventually(10*time.Second, c.Connected) {
-				t.Fatal("consumer never connected")
-			}
+			testenv.WaitFor(t, 10*time.Second, "the consumer to connect", c.Connected)
 			ch := b.channel()
 			if _, err := ch.QueueDelete(q, false, false, false); err != nil {
 				t.Fatal(err)
 			}
 			_ = ch.Close()
 			// The broker cancels the consumer; the Consumer starts over and declares the queue again.
-			if !eventually(10*time.Second, func() bool { return tr.reconnected() && c.Connected() }) {
+			if !testenv.Eventually(10*time.Second, func() bool { return tr.reconnected() && c.Connected() }) {
 				t.Fatalf("transitions %v; want up, down, up", tr.get())
 			}
 			if b.ready(q) != 0 {
@@ -443,7 +440,7 @@ func TestConsumerRecoversWhenItsQueueIsDeleted(t *testing.T) {
 			} else {
 				fill(t, pub, q, 3)
 			}
-			if !eventually(10*time.Second, func() bool { return l.ackedCount() == 3 }) {
+			if !testenv.Eventually(10*time.Second, func() bool { return l.ackedCount() == 3 }) {
 				t.Fatalf("acked %d of 3", l.ackedCount())
 			}
 			r.stop(t, 10*time.Second)
@@ -488,7 +485,7 @@ func TestConsumerUsesAnExistingQueueAsItIs(t *testing.T) {
 					l.record(batch, func(int) bool { return false })
 					return nil
 				})
-			if !eventually(10*time.Second, func() bool { return l.ackedCount() == 5 }) {
+			if !testenv.Eventually(10*time.Second, func() bool { return l.ackedCount() == 5 }) {
 				t.Fatalf("acked %d of 5", l.ackedCount())
 			}
 			r.stop(t, 10*time.Second)
@@ -515,11 +512,9 @@ func TestConsumerCreatesAMissingQueueOfItsType(t *testing.T) {
 					l.record(batch, func(int) bool { return false })
 					return nil
 				})
-			if !eventually(10*time.Second, c.Connected) {
-				t.Fatal("not consuming")
-			}
+			testenv.WaitFor(t, 10*time.Second, "the consumer to connect", c.Connected)
 			fill(t, pub, q, 3)
-			if !eventually(10*time.Second, func() bool { return l.ackedCount() == 3 }) {
+			if !testenv.Eventually(10*time.Second, func() bool { return l.ackedCount() == 3 }) {
 				t.Fatalf("acked %d of 3", l.ackedCount())
 			}
 			r.stop(t, 10*time.Second)
@@ -559,11 +554,9 @@ func TestUnreachableBrokerIsLoggedOnceWithoutCredentials(t *testing.T) {
 		URL: "amqp://klaxon:s3cr3t-pw@" + addr + "/", Queue: "nope", Logger: log,
 		Backoff: queue.Backoff{Min: 5 * time.Millisecond, Max: 20 * time.Millisecond},
 	}, func(context.Context, *queue.Batch) error { return nil })
-	if !eventually(5*time.Second, func() bool { return strings.Contains(logs.String(), "rabbitmq unavailable") }) {
-		t.Fatal("the failure was not logged")
-	}
+	testenv.WaitFor(t, 5*time.Second, "the failure logged", func() bool { return strings.Contains(logs.String(), "rabbitmq unavailable") })
 	first := attempts.Load()
-	if !eventually(5*time.Second, func() bool { return attempts.Load() >= first+5 }) {
+	if !testenv.Eventually(5*time.Second, func() bool { return attempts.Load() >= first+5 }) {
 		t.Fatalf("%d connection attempts, want at least %d", attempts.Load(), first+5)
 	}
 	r.stop(t, 5*time.Second)
@@ -610,19 +603,13 @@ func TestNoGoroutinesLeftAfterReconnects(t *testing.T) {
 				return nil
 			})
 		for round := range 3 {
-			if !eventually(10*time.Second, c.Connected) {
-				t.Fatalf("round %d: consumer not connected", round)
-			}
+			testenv.WaitFor(t, 10*time.Second, fmt.Sprintf("the consumer to connect in round %d", round), c.Connected)
 			if err := pub.Publish(t.Context(), queue.Message{RoutingKey: q, MessageID: fmt.Sprintf("m%d", round)}); err != nil {
 				t.Fatalf("round %d: %v", round, err)
 			}
-			if !eventually(10*time.Second, func() bool { return l.ackedCount() == round+1 }) {
-				t.Fatalf("round %d: message not consumed", round)
-			}
+			testenv.WaitFor(t, 10*time.Second, fmt.Sprintf("round %d's message consumed", round), func() bool { return l.ackedCount() == round+1 })
 			px.cut()
-			if !eventually(10*time.Second, func() bool { return !c.Connected() || !pub.Connected() }) {
-				t.Fatalf("round %d: cut not noticed", round)
-			}
+			testenv.WaitFor(t, 10*time.Second, fmt.Sprintf("round %d's cut noticed", round), func() bool { return !c.Connected() || !pub.Connected() })
 		}
 		r.stop(t, 10*time.Second)
 		_ = pub.Close()
@@ -630,7 +617,7 @@ func TestNoGoroutinesLeftAfterReconnects(t *testing.T) {
 	}()
 
 	var after int
-	if !eventually(5*time.Second, func() bool { after = runtime.NumGoroutine(); return after <= before }) {
+	if !testenv.Eventually(5*time.Second, func() bool { after = runtime.NumGoroutine(); return after <= before }) {
 		buf := make([]byte, 1<<20)
 		t.Fatalf("%d goroutines before, %d after:\n%s", before, after, buf[:runtime.Stack(buf, true)])
 	}
@@ -746,13 +733,11 @@ func TestABatchHoldsEveryDeliveryReady(t *testing.T) {
 			}
 			// All n are in the worker (the slow start of a budget included)
 			// before the first batch is let go.
-			if !eventually(10*time.Second, func() bool { return held.Load() == (n+1)*10 }) {
+			if !testenv.Eventually(10*time.Second, func() bool { return held.Load() == (n+1)*10 }) {
 				t.Fatalf("the worker holds %d bytes, want %d", held.Load(), (n+1)*10)
 			}
 			close(release)
-			if !eventually(10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(sizes) >= 2 }) {
-				t.Fatal("no second batch")
-			}
+			testenv.WaitFor(t, 10*time.Second, "a second batch", func() bool { mu.Lock(); defer mu.Unlock(); return len(sizes) >= 2 })
 			r.stop(t, 10*time.Second)
 			mu.Lock()
 			defer mu.Unlock()

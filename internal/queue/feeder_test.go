@@ -39,7 +39,7 @@ func fillSized(t testing.TB, p *queue.Publisher, q string, sizes []int) {
 // still fails the test.
 func (l *ledger) drainedWithin(t *testing.T, r *running, n int, within time.Duration) {
 	t.Helper()
-	if !eventually(within, func() bool { return l.ackedCount() == n }) {
+	if !testenv.Eventually(within, func() bool { return l.ackedCount() == n }) {
 		t.Fatalf("acked %d of %d after %s: consumption stopped", l.ackedCount(), n, within)
 	}
 	r.stop(t, 10*time.Second)
@@ -91,9 +91,7 @@ func TestHeldBytesStayUnderTheBudgetWithTenMegabyteMessages(t *testing.T) {
 	})
 	// While the first batch is in the handler, the consumer is paused with
 	// that one message: the broker has the others.
-	if !eventually(10*time.Second, func() bool { return g.pauses.Load() == 1 }) {
-		t.Fatal("the consumer did not pause")
-	}
+	testenv.WaitFor(t, 10*time.Second, "the consumer to pause", func() bool { return g.pauses.Load() == 1 })
 	b.waitReady(q, n-1, 10*time.Second)
 	close(release)
 	l.drainedWithin(t, r, n, 2*time.Minute)
@@ -186,9 +184,7 @@ func TestPausedConsumerSurvivesAConnectionCut(t *testing.T) {
 		return nil
 	})
 	receive(t, inHandler, 10*time.Second, "the first batch")
-	if !eventually(10*time.Second, func() bool { return g.pauses.Load() == 1 }) {
-		t.Fatal("the consumer did not pause")
-	}
+	testenv.WaitFor(t, 10*time.Second, "the consumer to pause", func() bool { return g.pauses.Load() == 1 })
 	if cut := px.cut(); cut != 1 {
 		t.Fatalf("cut %d connections, want 1", cut)
 	}
@@ -197,7 +193,7 @@ func TestPausedConsumerSurvivesAConnectionCut(t *testing.T) {
 	// The paused session's feeder ended with its channel, not only the
 	// one Consume stopped.
 	var stacks string
-	if !eventually(5*time.Second, func() bool {
+	if !testenv.Eventually(5*time.Second, func() bool {
 		buf := make([]byte, 1<<20)
 		stacks = string(buf[:runtime.Stack(buf, true)])
 		return !strings.Contains(stacks, "(*feeder).run")
@@ -334,9 +330,7 @@ func TestOwnBroker(t *testing.T) {
 			l.record(batch, func(int) bool { return false })
 			return nil
 		})
-		if !eventually(20*time.Second, func() bool { return g.pauses.Load() == 1 }) {
-			t.Fatal("the consumer did not pause")
-		}
+		testenv.WaitFor(t, 20*time.Second, "the consumer to pause", func() bool { return g.pauses.Load() == 1 })
 		node.StopApp()
 		node.StartApp()
 		l.drainedWithin(t, r, n, 2*time.Minute)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/klaxonhq/klaxon/internal/queue"
+	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
 // hashExchange returns a unique exchange name, deleted when the test ends.
@@ -76,9 +77,7 @@ func TestHashExchangeSpreadsKeysOverQueues(t *testing.T) {
 		cs = append(cs, c)
 	}
 	for _, c := range cs {
-		if !eventually(10*time.Second, c.Connected) {
-			t.Fatal("a consumer never connected")
-		}
+		testenv.WaitFor(t, 10*time.Second, "every consumer to connect", c.Connected)
 	}
 	pub := newPublisher(t, queue.PublisherConfig{})
 	var msgs []queue.Message
@@ -89,7 +88,7 @@ func TestHashExchangeSpreadsKeysOverQueues(t *testing.T) {
 	if err := pub.Publish(t.Context(), msgs...); err != nil {
 		t.Fatalf("publish through %s: %v", ex, err)
 	}
-	if !eventually(20*time.Second, func() bool { return rec.count() == keys*perKey }) {
+	if !testenv.Eventually(20*time.Second, func() bool { return rec.count() == keys*perKey }) {
 		t.Fatalf("consumed %d of %d", rec.count(), keys*perKey)
 	}
 	rec.mu.Lock()

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
-	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -20,17 +19,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/klaxonhq/klaxon/internal/queue"
+	"github.com/klaxonhq/klaxon/internal/testenv"
 )
-
-const defaultTestURL = "amqp://guest:guest@127.0.0.1:5672/"
-
-// brokerURL is the real RabbitMQ the tests use; KLAXON_TEST_AMQP_URL overrides it.
-func brokerURL() string {
-	if u := os.Getenv("KLAXON_TEST_AMQP_URL"); u != "" {
-		return u
-	}
-	return defaultTestURL
-}
 
 // broker is the test's own admin connection, for what the code under test
 // must not be trusted to report: queue depths, raw gets, deletes.
@@ -40,24 +30,17 @@ type broker struct {
 	conn *amqp.Connection
 }
 
+// newBroker connects to the test RabbitMQ (testenv.AMQPURL); these tests
+// never fake the broker.
 func newBroker(t testing.TB) *broker {
 	t.Helper()
-	u := brokerURL()
+	u := testenv.AMQPURL(t)
 	conn, err := amqp.DialConfig(u, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
 	if err != nil {
-		t.Fatalf("RabbitMQ does not answer at %s: %v\n"+
-			"start it (scripts/services.sh) or point KLAXON_TEST_AMQP_URL at one; these tests never fake the broker",
-			redacted(u), err)
+		t.Fatalf("admin connection to RabbitMQ: %v", err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	return &broker{t: t, url: u, conn: conn}
-}
-
-func redacted(raw string) string {
-	if u, err := url.Parse(raw); err == nil {
-		return u.Redacted()
-	}
-	return "(unparsable URL)"
 }
 
 // channel opens a fresh channel: a failed passive declare closes the one it ran on.
@@ -137,7 +120,7 @@ func (b *broker) ready(name string) int {
 func (b *broker) waitReady(name string, want int, within time.Duration) {
 	b.t.Helper()
 	got := 0
-	if !eventually(within, func() bool { got = b.ready(name); return got == want }) {
+	if !testenv.Eventually(within, func() bool { got = b.ready(name); return got == want }) {
 		b.t.Fatalf("queue %s holds %d ready messages after %s, want %d", name, got, within, want)
 	}
 }
@@ -155,20 +138,6 @@ func fill(t testing.TB, p *queue.Publisher, q string, n int) {
 		if err := p.Publish(t.Context(), msgs...); err != nil {
 			t.Fatalf("fill %s: %v", q, err)
 		}
-	}
-}
-
-// eventually polls cond until it holds or within passes.
-func eventually(within time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(within)
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -212,7 +181,7 @@ func (l *logger) String() string {
 func newPublisher(t testing.TB, cfg queue.PublisherConfig) *queue.Publisher {
 	t.Helper()
 	if cfg.URL == "" {
-		cfg.URL = brokerURL()
+		cfg.URL = testenv.AMQPURL(t)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger, _ = newLogger(t)
@@ -235,7 +204,7 @@ type running struct {
 func startConsumer(t testing.TB, cfg queue.ConsumerConfig, h queue.Handler) (*queue.Consumer, *running) {
 	t.Helper()
 	if cfg.URL == "" {
-		cfg.URL = brokerURL()
+		cfg.URL = testenv.AMQPURL(t)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger, _ = newLogger(t)
@@ -292,7 +261,7 @@ type proxy struct {
 // broker, at target; u is the broker's URL, to point at the listener.
 func proxyListener(t testing.TB) (ln net.Listener, target string, u *url.URL) {
 	t.Helper()
-	u, err := url.Parse(brokerURL())
+	u, err := url.Parse(testenv.AMQPURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -403,7 +372,7 @@ func closeConnection(t testing.TB, name string) {
 		t.Skip("rabbitmqctl not found; the proxy tests cover reconnects")
 	}
 	var pid string
-	ok := eventually(10*time.Second, func() bool {
+	testenv.WaitFor(t, 10*time.Second, fmt.Sprintf("a broker connection named %q", name), func() bool {
 		out, err := exec.Command("rabbitmqctl", "list_connections", "--silent", "pid", "client_properties").CombinedOutput()
 		if err != nil {
 			t.Skipf("rabbitmqctl list_connections: %v: %s", err, out)
@@ -416,9 +385,6 @@ func closeConnection(t testing.TB, name string) {
 		}
 		return false
 	})
-	if !ok {
-		t.Fatalf("no broker connection named %q", name)
-	}
 	out, err := exec.Command("rabbitmqctl", "close_connection", pid, "klaxon test: forced close").CombinedOutput()
 	if err != nil {
 		t.Fatalf("rabbitmqctl close_connection %s: %v: %s", pid, err, out)
@@ -455,7 +421,7 @@ var errBoom = errors.New("boom: pretend Redis is down")
 // checks that each of the n messages was handled exactly once.
 func (l *ledger) drainThenStop(t *testing.T, r *running, n int) {
 	t.Helper()
-	if !eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
+	if !testenv.Eventually(10*time.Second, func() bool { return l.ackedCount() == n }) {
 		t.Fatalf("acked %d of %d", l.ackedCount(), n)
 	}
 	r.stop(t, 10*time.Second)

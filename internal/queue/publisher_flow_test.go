@@ -7,12 +7,14 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/klaxonhq/klaxon/internal/queue"
+	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
 // A broker that stops answering (overloaded, partitioned, or blocking the
@@ -58,7 +60,7 @@ func TestCloseEndsCallsLeftRunning(t *testing.T) {
 		_ = publishWithin(t, pub, ctx, 3*time.Second, func() { px.cut() }, queue.Message{RoutingKey: q})
 		cancel()
 	}
-	if n := publisherGoroutines(); n == 0 {
+	if n := goroutinesIn("queue.(*pubConn)", "queue.(*pubChannel)"); n == 0 {
 		t.Fatal("no call left running: the test proves nothing")
 	}
 	start := time.Now()
@@ -66,18 +68,19 @@ func TestCloseEndsCallsLeftRunning(t *testing.T) {
 	if took := time.Since(start); took > 3*time.Second {
 		t.Errorf("Close took %s", took)
 	}
-	if n := publisherGoroutines(); n > 0 {
+	if n := goroutinesIn("queue.(*pubConn)", "queue.(*pubChannel)"); n > 0 {
 		t.Errorf("%d publisher goroutines outlive Close", n)
 	}
 }
 
-// publisherGoroutines counts goroutines running code of this package's publisher.
-func publisherGoroutines() int {
+// goroutinesIn counts the goroutines running code of any of the named
+// functions or types of this package, such as "queue.(*pubConn)".
+func goroutinesIn(names ...string) int {
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]
 	n := 0
 	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, "queue.(*pubConn)") || strings.Contains(g, "queue.(*pubChannel)") {
+		if slices.ContainsFunc(names, func(name string) bool { return strings.Contains(g, name) }) {
 			n++
 		}
 	}
@@ -90,12 +93,16 @@ func publisherGoroutines() int {
 // or its ctx, and not write meanwhile.
 func TestPublishWaitsOutFlowControl(t *testing.T) {
 	fx, viaProxy := newFlowProxy(t)
-	b, pub, q := declaredVia(t, viaProxy)
+	log, logs := newLogger(t)
+	b, pub, q := declaredWith(t, queue.PublisherConfig{URL: viaProxy, Logger: log})
 	if err := pub.Publish(t.Context(), queue.Message{RoutingKey: q, MessageID: "before"}); err != nil {
 		t.Fatal(err)
 	}
 
 	fx.block(t, "low on memory")
+	testenv.WaitFor(t, 5*time.Second, "the publisher to read connection.blocked", func() bool {
+		return strings.Contains(logs.String(), "rabbitmq blocks publishing")
+	})
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
 	err := publishWithin(t, pub, ctx, 3*time.Second, func() { fx.unblock(t) }, queue.Message{RoutingKey: q, MessageID: "given up"})
@@ -107,7 +114,9 @@ func TestPublishWaitsOutFlowControl(t *testing.T) {
 	// A call with time to spare waits for the block to lift, then succeeds.
 	done := make(chan error, 1)
 	go func() { done <- pub.Publish(t.Context(), queue.Message{RoutingKey: q, MessageID: "after"}) }()
-	time.Sleep(200 * time.Millisecond)
+	testenv.WaitFor(t, 5*time.Second, "Publish to wait for the block to lift", func() bool {
+		return goroutinesIn("queue.(*pubConn).waitUnblocked") > 0
+	})
 	select {
 	case err := <-done:
 		t.Fatalf("Publish returned %v while the broker blocked publishing", err)
@@ -252,6 +261,8 @@ func method(id uint16, args []byte) []byte {
 	return append(append(frame, payload...), 0xCE)
 }
 
+// block blocks every connection through the proxy. The client reads the
+// connection.blocked frame when it gets to it: a test waits for it to say so.
 func (p *flowProxy) block(t *testing.T, reason string) {
 	t.Helper()
 	p.mu.Lock()
@@ -262,7 +273,6 @@ func (p *flowProxy) block(t *testing.T, reason string) {
 			t.Fatalf("send connection.blocked: %v", err)
 		}
 	}
-	time.Sleep(50 * time.Millisecond) // for the client to read it
 }
 
 func (p *flowProxy) unblock(t *testing.T) {
@@ -283,9 +293,15 @@ func (p *flowProxy) unblock(t *testing.T) {
 // declared.
 func declaredVia(t *testing.T, url string) (*broker, *queue.Publisher, string) {
 	t.Helper()
+	return declaredWith(t, queue.PublisherConfig{URL: url})
+}
+
+// declaredWith is declaredVia for a publisher configured as in cfg.
+func declaredWith(t *testing.T, cfg queue.PublisherConfig) (*broker, *queue.Publisher, string) {
+	t.Helper()
 	b := newBroker(t)
 	q := b.queueName()
-	pub := newPublisher(t, queue.PublisherConfig{URL: url})
+	pub := newPublisher(t, cfg)
 	if err := pub.Declare(t.Context(), q, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/store"
+	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
 // writeFile replaces the file at path atomically, as the docs advise.
@@ -240,13 +241,13 @@ func TestCacheRunPicksUpFileEdit(t *testing.T) {
 		}
 		return rs[0].Windows[0].Threshold
 	}
-	eventually(t, 5*time.Second, "Run's first load", func() bool { return threshold() == 100 })
+	testenv.WaitFor(t, 5*time.Second, "Run's first load", func() bool { return threshold() == 100 })
 
 	writeFile(t, path, rulesFile("7"))
-	eventually(t, 5*time.Second, "the edit served", func() bool { return threshold() == 7 })
+	testenv.WaitFor(t, 5*time.Second, "the edit served", func() bool { return threshold() == 7 })
 
 	writeFile(t, path, rulesFile("[broken"))
-	eventually(t, 5*time.Second, "the failure logged", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "the failure logged", func() bool {
 		return logs.count(t, "rules load failed; serving the last good rules") == 1
 	})
 	if got := threshold(); got != 7 {
@@ -254,7 +255,7 @@ func TestCacheRunPicksUpFileEdit(t *testing.T) {
 	}
 
 	writeFile(t, path, rulesFile("8"))
-	eventually(t, 5*time.Second, "the fix served", func() bool { return threshold() == 8 })
+	testenv.WaitFor(t, 5*time.Second, "the fix served", func() bool { return threshold() == 8 })
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("Run returned %v", err)

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 )
 
 // logBuffer collects JSON log lines; safe for the Run goroutine to write
@@ -68,19 +67,6 @@ next:
 func newLogger() (*slog.Logger, *logBuffer) {
 	buf := &logBuffer{}
 	return slog.New(slog.NewJSONHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug})), buf
-}
-
-// eventually polls cond every 10 ms until it holds, failing the test after
-// timeout.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // closedAddr returns a loopback address nothing listens on.

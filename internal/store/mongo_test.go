@@ -428,7 +428,7 @@ func TestMongoSourceUnreachable(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan error, 1)
 		go func() { done <- cache.Run(ctx) }()
-		eventually(t, 10*time.Second, "four failed loads", func() bool { f, _ := counts(); return f >= 4 })
+		testenv.WaitFor(t, 10*time.Second, "four failed loads", func() bool { f, _ := counts(); return f >= 4 })
 		if n := logs.count(t, "rules load failed; serving the last good rules"); n != 1 {
 			t.Errorf("the same failure was logged %d times, want once\n%s", n, logs)
 		}
@@ -437,8 +437,8 @@ func TestMongoSourceUnreachable(t *testing.T) {
 		}
 
 		p.start()
-		eventually(t, 15*time.Second, "a good load after MongoDB came back", func() bool { _, s := counts(); return s >= 2 })
-		eventually(t, time.Second, "recovery logged", func() bool { return logs.count(t, "rules load recovered") == 1 })
+		testenv.WaitFor(t, 15*time.Second, "a good load after MongoDB came back", func() bool { _, s := counts(); return s >= 2 })
+		testenv.WaitFor(t, time.Second, "recovery logged", func() bool { return logs.count(t, "rules load recovered") == 1 })
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("Run returned %v", err)

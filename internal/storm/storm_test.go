@@ -130,13 +130,7 @@ func (s *setup) wait(trackers ...*storm.Tracker) []amqp.Delivery {
 	for _, tr := range trackers {
 		wg.Go(func() { _ = tr.Run(ctx) })
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for s.rdb.ZCard(ctx, s.prefix+":{storms}:due").Val() > 0 {
-		if time.Now().After(deadline) {
-			s.t.Fatal("storms still open after 30 s")
-		}
-		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
-	}
+	testenv.WaitFor(s.t, 30*time.Second, "every storm over", func() bool { return s.rdb.ZCard(ctx, s.prefix+":{storms}:due").Val() == 0 })
 	cancel()
 	wg.Wait()
 	return s.jobs()

@@ -23,6 +23,7 @@ const ClusterEnv = "KLAXON_TEST_REDIS_CLUSTER"
 // (StartCluster), stopped when it ends, once every node serves every slot.
 func Cluster(t testing.TB) *redis.ClusterClient {
 	t.Helper()
+	skipShort(t, "a Redis Cluster")
 	addrs := strings.Split(os.Getenv(ClusterEnv), ",")
 	if addrs[0] == "" {
 		addrs = StartCluster(t).Addrs
@@ -68,6 +69,7 @@ type LocalCluster struct {
 // slot served.
 func StartCluster(t testing.TB) *LocalCluster {
 	t.Helper()
+	skipShort(t, "a Redis Cluster")
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Fatalf("testenv: redis-server not found (scripts/services.sh installs it): %v", err)

@@ -28,6 +28,7 @@ type RabbitMQ struct {
 // not installed.
 func StartRabbitMQ(t testing.TB, conf string) *RabbitMQ {
 	t.Helper()
+	skipShort(t, "a RabbitMQ node")
 	if _, err := exec.LookPath("rabbitmq-server"); err != nil {
 		t.Skip("rabbitmq-server is not installed: this test needs a RabbitMQ node of its own")
 	}

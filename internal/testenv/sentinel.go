@@ -49,6 +49,7 @@ func (p *proc) addr() string { return "127.0.0.1:" + p.port }
 // each other and the replica, so that a failover can start at once.
 func StartSentinel(t testing.TB) *Sentinel {
 	t.Helper()
+	skipShort(t, "a Redis Sentinel deployment")
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Fatalf("testenv: redis-server not found (scripts/services.sh installs it): %v", err)

@@ -10,8 +10,11 @@
 //     [amqp://guest:guest@127.0.0.1:5672/]; each test gets its own queue
 //     names, deleted when it ends.
 //
-// Redis and RabbitMQ are not faked or skipped: a test that asks for one that
-// does not answer fails, saying how to start it (.ci/run starts both).
+// Redis and RabbitMQ are not faked: a test that asks for one that does not
+// answer fails, saying how to start it (.ci/run starts both). Under
+// go test -short every helper that gives a service (these, and the
+// deployments a test starts of its own) skips the test instead, so that
+// -short runs the tests that need none, with no service running.
 package testenv
 
 import (
@@ -76,6 +79,7 @@ var ferret struct {
 // connection per open cursor.
 func Mongo(t testing.TB) string {
 	t.Helper()
+	skipShort(t, "MongoDB (an embedded FerretDB)")
 	ferret.once.Do(startFerret)
 	if ferret.err != nil {
 		t.Fatalf("testenv: start embedded FerretDB: %v", ferret.err)
@@ -186,6 +190,7 @@ func RedisURL() string {
 // KeyPrefix(t): tests of every package share this Redis.
 func Redis(t testing.TB) *redis.Client {
 	t.Helper()
+	skipShort(t, "Redis")
 	rdb, err := dialRedis()
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
@@ -217,6 +222,7 @@ func dialRedis() (*redis.Client, error) {
 // test Redis (see RedisURL). The test fails at once if Redis does not answer.
 func KeyPrefix(t testing.TB) string {
 	t.Helper()
+	skipShort(t, "Redis")
 	rdb, err := dialRedis()
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
@@ -265,6 +271,7 @@ func deleteKeys(ctx context.Context, rdb *redis.Client, prefix string) error {
 // does not accept a connection there.
 func AMQPURL(t testing.TB) string {
 	t.Helper()
+	skipShort(t, "RabbitMQ")
 	raw := envOr(AMQPURLEnv, DefaultAMQPURL)
 	conn, err := dialAMQP(raw)
 	if err != nil {
@@ -326,6 +333,15 @@ func DeleteQueues(amqpURL string, names ...string) error {
 		return fmt.Errorf("delete queues %q at %s: %w", names, redact(amqpURL), err)
 	}
 	return nil
+}
+
+// skipShort skips t under go test -short, which runs only the tests that
+// need no service.
+func skipShort(t testing.TB, service string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("needs %s; -short runs only the pure tests", service)
+	}
 }
 
 var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9_]+`)

@@ -1,13 +1,11 @@
 package notifytest
 
 import (
-	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
 	"mime"
 	"net/http"
-	"net/http/httptest"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -18,16 +16,10 @@ import (
 // error for an unknown hook, a body that is not JSON or a message without
 // text; and, where Mattermost would split a long message into several
 // posts, 400 for text over 16383 characters, so that a test sees a message
-// that would not arrive whole.
+// that would not arrive whole. Tests post to its URL, whose path embeds its
+// Token.
 type LoopServer struct {
-	// URL is the webhook URL to post to; its path embeds Token.
-	URL string
-	// Token is the secret part of URL, for tests that check it never leaks.
-	Token string
-
-	path  string
-	reqs  journal[LoopRequest]
-	fails script[Failure]
+	incomingHook[LoopRequest]
 }
 
 // LoopRequest is one POST the fake received.
@@ -44,27 +36,9 @@ type LoopRequest struct {
 // NewLoopServer starts a fake Loop webhook, closed when the test ends.
 func NewLoopServer(t testing.TB) *LoopServer {
 	t.Helper()
-	token := rand.Text()
-	s := &LoopServer{Token: token, path: "/hooks/" + token}
-	srv := httptest.NewServer(http.HandlerFunc(s.serve))
-	t.Cleanup(srv.Close)
-	s.URL = srv.URL + s.path
+	s := &LoopServer{}
+	s.listen(t, "/hooks/", s.serve)
 	return s
-}
-
-// Fail scripts the answers to the next requests, one failure each.
-func (s *LoopServer) Fail(fs ...Failure) { s.fails.push(fs...) }
-
-// FailNext makes the next n requests fail with f.
-func (s *LoopServer) FailNext(n int, f Failure) { s.fails.push(repeat(n, f)...) }
-
-// Requests returns every request received so far, refused ones included.
-func (s *LoopServer) Requests() []LoopRequest { return s.reqs.all() }
-
-// WaitFor waits until at least n requests have arrived and returns them all;
-// after timeout it returns those that did and an error.
-func (s *LoopServer) WaitFor(n int, timeout time.Duration) ([]LoopRequest, error) {
-	return s.reqs.waitFor(n, timeout)
 }
 
 func (s *LoopServer) serve(w http.ResponseWriter, r *http.Request) {
@@ -72,15 +46,7 @@ func (s *LoopServer) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	req := LoopRequest{Header: r.Header.Clone(), Body: body, Received: received}
 	status, reason := s.answer(r, &req)
-	if status == http.StatusOK {
-		if f, ok := s.fails.pop(); ok {
-			status, reason = f.Status, f.Body
-			if reason == "" {
-				reason = http.StatusText(f.Status)
-			}
-			f.writeHeader(w)
-		}
-	}
+	status, reason = s.scripted(w, status, reason)
 	req.Status = status
 	s.reqs.add(req)
 	if status == http.StatusOK {

@@ -1,12 +1,10 @@
 package notifytest
 
 import (
-	"crypto/rand"
 	"encoding/json"
 	"io"
 	"mime"
 	"net/http"
-	"net/http/httptest"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -16,17 +14,10 @@ import (
 // "ok", 404 "no_service" for a wrong URL, 400 "invalid_payload" for a body
 // that is not JSON, 400 "no_text" for a message with neither text nor
 // blocks, and 400 "invalid_blocks" for more than 50 blocks or a text object
-// over 3000 characters.
+// over 3000 characters. Tests post to its URL, whose path embeds its Token
+// as Slack's webhook URLs embed theirs.
 type SlackServer struct {
-	// URL is the webhook URL to post to. Its path embeds Token, as Slack's
-	// URLs embed theirs.
-	URL string
-	// Token is the secret part of URL, for tests that check it never leaks.
-	Token string
-
-	path  string
-	reqs  journal[SlackRequest]
-	fails script[Failure]
+	incomingHook[SlackRequest]
 }
 
 // SlackRequest is one POST the fake received.
@@ -43,27 +34,9 @@ type SlackRequest struct {
 // NewSlackServer starts a fake Slack webhook, closed when the test ends.
 func NewSlackServer(t testing.TB) *SlackServer {
 	t.Helper()
-	token := rand.Text()
-	s := &SlackServer{Token: token, path: "/services/T0KLAXON/B0KLAXON/" + token}
-	srv := httptest.NewServer(http.HandlerFunc(s.serve))
-	t.Cleanup(srv.Close)
-	s.URL = srv.URL + s.path
+	s := &SlackServer{}
+	s.listen(t, "/services/T0KLAXON/B0KLAXON/", s.serve)
 	return s
-}
-
-// Fail scripts the answers to the next requests, one failure each.
-func (s *SlackServer) Fail(fs ...Failure) { s.fails.push(fs...) }
-
-// FailNext makes the next n requests fail with f.
-func (s *SlackServer) FailNext(n int, f Failure) { s.fails.push(repeat(n, f)...) }
-
-// Requests returns every request received so far, refused ones included.
-func (s *SlackServer) Requests() []SlackRequest { return s.reqs.all() }
-
-// WaitFor waits until at least n requests have arrived and returns them all;
-// after timeout it returns those that did and an error.
-func (s *SlackServer) WaitFor(n int, timeout time.Duration) ([]SlackRequest, error) {
-	return s.reqs.waitFor(n, timeout)
 }
 
 func (s *SlackServer) serve(w http.ResponseWriter, r *http.Request) {
@@ -71,15 +44,7 @@ func (s *SlackServer) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	req := SlackRequest{Header: r.Header.Clone(), Body: body, Received: received}
 	status, reason := s.answer(r, &req)
-	if status == http.StatusOK {
-		if f, ok := s.fails.pop(); ok {
-			status, reason = f.Status, f.Body
-			if reason == "" {
-				reason = http.StatusText(f.Status)
-			}
-			f.writeHeader(w)
-		}
-	}
+	status, reason = s.scripted(w, status, reason)
 	req.Status = status
 	s.reqs.add(req)
 	w.Header().Set("Content-Type", "text/html")
