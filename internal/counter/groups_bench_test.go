@@ -10,11 +10,11 @@ import (
 	"github.com/klaxonhq/klaxon/internal/rules"
 )
 
-// BenchmarkManyGroups measures the engine on cmd/bench's default workload
+// BenchmarkManyGroups measures the engine on tools/bench's default workload
 // without the broker: 100 projects × 5 rules (three filters, periods of
 // 1 min, 10 min and 1 h, one ONLY_NEW), 5,000 groups, batches of 100
 // events with ids, the groups either uniform or Zipf-distributed (a few
-// hot groups); and cmd/bench -scale's shape, 1,000 projects × 10 rules,
+// hot groups); and tools/bench -scale's shape, 1,000 projects × 10 rules,
 // 100,000 uniform groups, batches of 1,000. It reports Redis' script time per event (EVALSHA usec,
 // the commands inside included) and Redis' CPU time per event, the figures
 // every worker shares. Run:
@@ -26,7 +26,7 @@ func BenchmarkManyGroups(b *testing.B) {
 		projects, rules, groups, batch int
 	}{
 		{"uniform", 100, 5, 5000, 100}, {"zipf", 100, 5, 5000, 100},
-		// cmd/bench -scale's shape: every event of its own group, mostly.
+		// tools/bench -scale's shape: every event of its own group, mostly.
 		{"scale", 1000, 10, 100_000, 1000},
 	} {
 		dist := w.name

@@ -725,7 +725,7 @@ func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 }
 
 // "notification sent" is logged once the send is recorded in Redis, and
-// says so: cmd/chaos reads the line to tell a repeat caused by a crash
+// says so: tools/chaos reads the line to tell a repeat caused by a crash
 // between send and record from a record that was lost.
 func TestSentIsLoggedOnceRecorded(t *testing.T) {
 	h := &sentLines{rdb: testenv.Redis(t)}

@@ -206,7 +206,7 @@ func (d *Deliverer) settle(ctx context.Context, job *wire.Job, keys []string, ms
 		err := d.recordAll(ctx, keys, "sent")
 		// Said once the record is made or refused: a process killed
 		// between the send and its record leaves no recorded=true line
-		// (cmd/chaos reads it to tell a crash's repeat from a lost record).
+		// (tools/chaos reads it to tell a crash's repeat from a lost record).
 		log.Info("notification sent", "took_ms", o.took.Milliseconds(), "recorded", err == nil)
 		if err != nil {
 			d.remember(keys, "sent")
