@@ -18,7 +18,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/event"
 	"github.com/klaxonhq/klaxon/internal/netguard"
 	"github.com/klaxonhq/klaxon/internal/notify"
-	"github.com/klaxonhq/klaxon/internal/notify/channels"
+	"github.com/klaxonhq/klaxon/internal/channels"
 	"github.com/klaxonhq/klaxon/internal/notify/telegram"
 	"github.com/klaxonhq/klaxon/internal/rules"
 )

@@ -25,7 +25,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/livegroups"
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/notify"
-	"github.com/klaxonhq/klaxon/internal/notify/channels"
+	"github.com/klaxonhq/klaxon/internal/channels"
 	"github.com/klaxonhq/klaxon/internal/notify/email"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
