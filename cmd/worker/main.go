@@ -4,13 +4,17 @@
 //
 // The data path, in the order main wires it:
 //
-//	queue.Consumer (KLAXON_QUEUE)
-//	  → evaluator: event.Decode → store.Cache rules → rules.Match → counter.ObserveBatch
-//	  → queue.Publisher: dead letters (<queue>.dead) and delivery jobs (<prefix>.deliveries)
-//	  → storm.Tracker: storms of firings that want a "storm over" message,
+//	queue.Consumer (KLAXON_QUEUE, or its hashed queues)
+//	  → evaluator: event.Decode → store.Cache rules → rules.Match (hawkdb: the
+//	    group's marks and history) → livegroups (a full project's new groups
+//	    counted as one) → counter.ObserveBatch
+//	  → queue.Publisher: dead letters (<queue>.dead) and wire.Job delivery jobs
+//	    (<prefix>.deliveries, a project's jobs past its share to .deliveries.bulk)
+//	  → storm: storms of firings that want a "storm over" message,
 //	    swept in Redis and ended with delivery jobs of their own
-//	queue.Consumer (<prefix>.deliveries)
-//	  → deliverer: claim → minPeriod digest → notify channel → record, or retry later
+//	queue.Consumer (<prefix>.deliveries and .deliveries.bulk)
+//	  → deliverer: budgets and circuits → claim → minPeriod gate and digest
+//	    → pacing → a channel built by internal/channels → record, or retry later
 //	    (with KLAXON_OUTPUT=hawk-senders the channel publishes Hawk's sender
 //	    task to sender/<channel> instead: notify/hawksender)
 //
