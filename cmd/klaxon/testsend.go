@@ -13,12 +13,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/klaxonhq/klaxon/internal/channels"
 	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/evaluator"
 	"github.com/klaxonhq/klaxon/internal/event"
 	"github.com/klaxonhq/klaxon/internal/netguard"
 	"github.com/klaxonhq/klaxon/internal/notify"
-	"github.com/klaxonhq/klaxon/internal/channels"
 	"github.com/klaxonhq/klaxon/internal/notify/telegram"
 	"github.com/klaxonhq/klaxon/internal/rules"
 )

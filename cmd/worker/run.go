@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/klaxonhq/klaxon/internal/channels"
 	"github.com/klaxonhq/klaxon/internal/config"
 	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/deliverer"
@@ -25,7 +26,6 @@ import (
 	"github.com/klaxonhq/klaxon/internal/livegroups"
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/notify"
-	"github.com/klaxonhq/klaxon/internal/channels"
 	"github.com/klaxonhq/klaxon/internal/notify/email"
 	"github.com/klaxonhq/klaxon/internal/queue"
 	"github.com/klaxonhq/klaxon/internal/rules"
