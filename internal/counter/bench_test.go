@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/klaxonhq/klaxon/internal/baseline"
+	"github.com/klaxonhq/klaxon/tools/baseline"
 	"github.com/klaxonhq/klaxon/internal/rules"
 )
 

@@ -10,7 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/klaxonhq/klaxon/internal/baseline"
+	"github.com/klaxonhq/klaxon/tools/baseline"
 	"github.com/klaxonhq/klaxon/internal/event"
 	"github.com/klaxonhq/klaxon/internal/store"
 )
