@@ -269,7 +269,7 @@ func variables(c *Config) []spec {
 		{name: EnvMaxSendsPerProject, section: SectionFairness, value: whole(&c.MaxSendsPerProject, 32, 1, 4096),
 			doc: "Sends one project may have in flight in a worker ({range})."},
 		{name: EnvMaxGroups, section: SectionFairness, value: whole(&c.MaxGroups, 100_000, 0, 100_000_000), check: checkMaxGroups,
-			doc: "Groups one project may keep a counting state for in Redis, counted over the last day (or 31 days for longer windows); {range}, at least 1000 unless 0, for no bound. Past it, the events of its groups without a state are counted together as one group until it falls below nine tenths ([live groups](guarantees.md#live-groups-per-project))."},
+			doc: "Groups one project may keep a counting state for in Redis, counted over the last one to two days (32 to 64 days for rules whose state outlives a day); {range}, at least 1000 unless 0, for no bound. Past it, the events of its groups without a state are counted together as one group until it falls below nine tenths ([live groups](guarantees.md#live-groups-per-project))."},
 		{name: EnvCircuitTimeouts, section: SectionFairness, value: whole(&c.CircuitTimeouts, 5, 1, 1000),
 			doc: "Timeouts in a row that open a host's circuit ({range})."},
 		{name: EnvCircuitOpen, section: SectionFairness, value: positive(&c.CircuitOpen, 30*time.Second),

@@ -6,9 +6,14 @@
 // a state per event, without a bound.
 //
 // Each worker adds the groups it counts to a HyperLogLog per project and
-// hour in Redis (per day for a project whose rules keep state longer than
-// a day), once per group and bucket, in the background, and reads the
-// project's estimate back while the project keeps adding groups. A project
+// generation in Redis, once per group and generation, in the background: a
+// generation lasts a little longer than a state lives (26 h; 32 days for a
+// project whose rules keep state longer than a day), and a project's live
+// groups are those of its current and previous generations, one PFCOUNT of
+// two keys. A worker reads a project's estimate back when it has added a
+// hundredth of the bound since it last did, every few minutes while it adds
+// any, and at every flush while the project is full: a small project costs
+// Redis a PFADD a flush and a PFCOUNT every few minutes. A project
 // whose estimate reaches Max is full until it falls below nine tenths of
 // it: meanwhile the events of its groups that have no state are counted
 // together, as one group, Overflow. A threshold rule then fires on their
@@ -71,13 +76,14 @@ type Cap struct {
 	pending  map[bucket][]string
 	npending int
 	projects map[string]*project
+	expiring map[bucket]bool // buckets whose expiry this worker set
 }
 
-// A bucket is one HyperLogLog: a project's groups first counted in one
-// hour (or day) by some worker.
+// A bucket is one HyperLogLog: a project's groups counted in one
+// generation.
 type bucket struct {
 	project string
-	long    bool // a day's bucket, for rules whose state outlives a day
+	long    bool // of the long generations, for rules whose state outlives a day
 	index   int64
 }
 
@@ -93,19 +99,24 @@ type project struct {
 const (
 	hour = time.Hour
 	day  = 24 * time.Hour
-	// hourSpan and daySpan are how many buckets back a count reaches: a
-	// state lives at most a day and a second (ONLY_NEW's cooldown) in an
-	// hour's buckets, at most the 31 days of the longest window in a day's.
-	hourSpan = 26
-	daySpan  = 32
+	// short and long are the generations' lengths: longer than a state
+	// lives, at most a day and a second (ONLY_NEW's cooldown) for the
+	// short, 31 days (the longest window or cooldown) for the long, so
+	// that a live group is always in the current generation or the one
+	// before.
+	short = 26 * hour
+	long  = 32 * day
 	// maxSeen bounds the worker's memory of groups added (~40 B each);
 	// past it, it starts again, at the cost of adding groups once more.
 	maxSeen = 1 << 18
 	// maxPending bounds the groups waiting for Run; past it, Saw leaves
 	// groups out until the next flush, to be added at their next event.
 	maxPending = 1 << 16
-	// reread is how long an estimate holds for a project far from Max.
-	reread = time.Minute
+	// reread is how long an estimate holds for a project far from Max
+	// that adds groups.
+	reread = 5 * time.Minute
+	// maxExpiring bounds the worker's memory of keys whose expiry it set.
+	maxExpiring = 1 << 16
 )
 
 // New returns a Cap.
@@ -117,7 +128,7 @@ func New(c Config) *Cap {
 		c.Every = 2 * time.Second
 	}
 	return &Cap{cfg: c, seed: maphash.MakeSeed(), seen: make(map[uint64]int64),
-		pending: make(map[bucket][]string), projects: make(map[string]*project)}
+		pending: make(map[bucket][]string), projects: make(map[string]*project), expiring: make(map[bucket]bool)}
 }
 
 // Overflowing returns which of groups, (project, group) pairs of the
@@ -156,14 +167,14 @@ func (c *Cap) Saw(project, group string, lifetime time.Duration) {
 	if c.cfg.Max <= 0 || group == Overflow {
 		return
 	}
-	long := lifetime > day+time.Second
-	b := bucket{project: project, long: long, index: c.index(c.cfg.Now(), long)}
+	lasting := lifetime > day+time.Second
+	b := bucket{project: project, long: lasting, index: c.index(c.cfg.Now(), lasting)}
 	var h maphash.Hash
 	h.SetSeed(c.seed)
 	h.WriteString(project)
 	h.WriteByte(0)
 	h.WriteString(group)
-	if long {
+	if lasting {
 		h.WriteByte(1)
 	}
 	k := h.Sum64()
@@ -180,11 +191,15 @@ func (c *Cap) Saw(project, group string, lifetime time.Duration) {
 	c.npending++
 }
 
-func (c *Cap) index(t time.Time, long bool) int64 {
-	if long {
-		return t.Unix() / int64(day/time.Second)
+func (c *Cap) index(t time.Time, lasting bool) int64 {
+	return t.Unix() / int64(generation(lasting)/time.Second)
+}
+
+func generation(lasting bool) time.Duration {
+	if lasting {
+		return long
 	}
-	return t.Unix() / int64(hour/time.Second)
+	return short
 }
 
 // Run adds the groups Saw recorded to Redis and reads back the estimates
@@ -225,7 +240,7 @@ func (c *Cap) Flush(ctx context.Context) error {
 	for id, p := range c.projects {
 		// A project that added nothing for longer than an hour's
 		// buckets count is read afresh if it comes back.
-		if !p.full && p.added == 0 && now.Sub(p.readAt) > hourSpan*hour {
+		if !p.full && p.added == 0 && now.Sub(p.readAt) > 2*short {
 			delete(c.projects, id)
 		}
 	}
@@ -236,13 +251,13 @@ func (c *Cap) Flush(ctx context.Context) error {
 	}
 	var due []string
 	for id, p := range c.projects {
-		if p.full || (p.added > 0 && (p.estimate+int64(p.added) >= c.cfg.Max/2 || now.Sub(p.readAt) >= reread)) {
+		if p.full || int64(p.added) >= max(1, c.cfg.Max/100) || (p.added > 0 && now.Sub(p.readAt) >= reread) {
 			due = append(due, id)
 		}
 	}
-	long := make([]bool, len(due))
+	lasting := make([]bool, len(due))
 	for i, id := range due {
-		long[i] = c.projects[id].long
+		lasting[i] = c.projects[id].long
 	}
 	c.mu.Unlock()
 
@@ -255,10 +270,12 @@ func (c *Cap) Flush(ctx context.Context) error {
 				members[i] = g
 			}
 			p.PFAdd(ctx, k, members...)
-			p.PExpire(ctx, k, c.expiry(b).Sub(now))
+			if !c.expiring[b] {
+				p.PExpire(ctx, k, c.expiry(b).Sub(now))
+			}
 		}
 		for i, id := range due {
-			counts[i] = p.PFCount(ctx, c.keys(id, long[i], now)...)
+			counts[i] = p.PFCount(ctx, c.keys(id, lasting[i], now)...)
 		}
 		return nil
 	})
@@ -272,6 +289,12 @@ func (c *Cap) Flush(ctx context.Context) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if len(c.expiring) >= maxExpiring {
+		clear(c.expiring)
+	}
+	for b := range pending {
+		c.expiring[b] = true
+	}
 	for i, id := range due {
 		c.update(id, c.projects[id], counts[i].Val(), now)
 	}
@@ -312,9 +335,9 @@ func (c *Cap) update(id string, p *project, n int64, now time.Time) {
 // key is a bucket's HyperLogLog, in the project's hash slot so that one
 // PFCOUNT reads all of a project's.
 func (c *Cap) key(b bucket) string {
-	span := "h"
+	span := "s"
 	if b.long {
-		span = "d"
+		span = "l"
 	}
 	return c.base(b.project) + ":" + span + ":" + strconv.FormatInt(b.index, 10)
 }
@@ -324,24 +347,23 @@ func (c *Cap) base(project string) string {
 	return c.cfg.Prefix + ":lg:{" + hex.EncodeToString(sum[:12]) + "}"
 }
 
-// keys are the buckets a project's estimate counts at now.
-func (c *Cap) keys(project string, long bool, now time.Time) []string {
+// keys are the buckets a project's estimate counts at now: the current
+// generation and the one before, of each length the project uses.
+func (c *Cap) keys(project string, lasting bool, now time.Time) []string {
 	var ks []string
-	for i, h := c.index(now, false), 0; h < hourSpan; h++ {
-		ks = append(ks, c.key(bucket{project: project, index: i - int64(h)}))
-	}
-	if long {
-		for i, d := c.index(now, true), 0; d < daySpan; d++ {
-			ks = append(ks, c.key(bucket{project: project, long: true, index: i - int64(d)}))
+	for _, l := range []bool{false, true} {
+		if l && !lasting {
+			break
 		}
+		i := c.index(now, l)
+		ks = append(ks, c.key(bucket{project: project, long: l, index: i}), c.key(bucket{project: project, long: l, index: i - 1}))
 	}
 	return ks
 }
 
-// expiry is when a bucket leaves every count: past its span, after its end.
+// expiry is when a bucket leaves every count: at the end of the next
+// generation.
 func (c *Cap) expiry(b bucket) time.Time {
-	if b.long {
-		return time.Unix((b.index+1)*int64(day/time.Second), 0).Add(daySpan * day)
-	}
-	return time.Unix((b.index+1)*int64(hour/time.Second), 0).Add(hourSpan * hour)
+	g := generation(b.long)
+	return time.Unix(0, 0).Add(time.Duration(b.index+2) * g)
 }

@@ -69,14 +69,14 @@ func TestProjectOverItsGroupsOverflows(t *testing.T) {
 		t.Errorf("%d warnings of a full project, want 1:\n%s", n, logs.String())
 	}
 
-	// A day and more later no bucket counts these groups: the project empties.
-	now = now.Add(27 * time.Hour)
+	// Two generations later none counts these groups: the project empties.
+	now = now.Add(53 * time.Hour)
 	c.Saw("busy", "later", time.Minute)
 	if err := c.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if over, err := c.Overflowing(ctx, asked); err != nil || over != nil {
-		t.Errorf("27 h later: Overflowing = %v, %v; want none", over, err)
+		t.Errorf("53 h later: Overflowing = %v, %v; want none", over, err)
 	}
 	if got := full(t, m); got != 0 {
 		t.Errorf("klaxon_projects_over_group_cap = %v after the project emptied, want 0", got)
