@@ -253,47 +253,69 @@ func TestSentinelLaggingReplicaFailover(t *testing.T) {
 	testenv.SentinelPhase(t)
 	for _, wait := range []string{"0", "1"} {
 		t.Run("WAIT="+wait, func(t *testing.T) {
-			h := newHarness(t)
-			s := testenv.StartSentinel(t)
-			h.env["KLAXON_REDIS_URL"] = s.URL()
-			h.env["KLAXON_REDIS_WAIT_REPLICAS"] = wait
-			stream := newFailoverStream(h, 30, 30)
-			msgs := stream.messages()
-			third := len(msgs) / 3
-			w := h.start()
-			counted := func(n int) func(float64) bool { return func(v float64) bool { return v >= float64(n) } }
-
-			h.publish(msgs[:third]...)
-			w.waitMetric(t, 30*time.Second, "the first third counted", counted(third), "klaxon_events_total", "outcome", "counted")
-			replica := s.PauseReplica()
-			h.publish(msgs[third : 2*third]...)
-			if wait == "0" {
-				// Acknowledged by the master alone, and the cooldown rule's
-				// notifications (at half the stream) sent.
-				w.waitMetric(t, 30*time.Second, "the second third counted", counted(2*third), "klaxon_events_total", "outcome", "counted")
-				h.webhook.WaitFor(stream.groups, 30*time.Second)
-			} else {
-				w.waitMetric(t, 30*time.Second, "a batch failed WAIT and was held", func(v float64) bool { return v > 0 },
-					"klaxon_batches_total", "stage", "evaluator", "outcome", "error")
-			}
-			old := s.Kill()
-			s.ResumeReplica()
-			promoted := s.AwaitFailover(old)
-			t.Logf("replica %s paused, master %s killed, %s promoted", replica, old, promoted)
-			h.publish(msgs[2*third:]...)
-			waitDrained(t, h)
-			missed, extra := stream.tally(t, h)
-			t.Logf("KLAXON_REDIS_WAIT_REPLICAS=%s: %d groups, %d expected notifications: %d missed, %d extra",
-				wait, stream.groups, 2*stream.groups, missed, extra)
-			if wait == "0" {
-				if missed == 0 || extra == 0 {
-					t.Errorf("without WAIT: %d missed, %d extra; the lagging replica should have lost counts and cooldowns", missed, extra)
+			// A second failover right after the first (a node busy past
+			// down-after-milliseconds taken for dead) promotes the killed
+			// node, restarted empty, perhaps before it has copied the
+			// data: two failures, which one replica cannot cover. Such a
+			// try is told of and made again.
+			for try := 1; !laggingReplicaFailover(t, wait); try++ {
+				if try == 3 {
+					t.Fatalf("the sentinels failed over twice in each of %d tries: the machine is too busy for this test", try)
 				}
-				return
-			}
-			if missed != 0 || extra != 0 {
-				t.Errorf("with WAIT: %d missed, %d extra; want every notification once", missed, extra)
 			}
 		})
 	}
+}
+
+// laggingReplicaFailover runs TestSentinelLaggingReplicaFailover's case
+// once; it returns false, having asserted nothing, when the sentinels
+// failed over a second time. A try's worker and nodes run until the test
+// ends, on queues and keys of their own.
+func laggingReplicaFailover(t *testing.T, wait string) bool {
+	h := newHarness(t)
+	s := testenv.StartSentinel(t)
+	h.env["KLAXON_REDIS_URL"] = s.URL()
+	h.env["KLAXON_REDIS_WAIT_REPLICAS"] = wait
+	stream := newFailoverStream(h, 30, 30)
+	msgs := stream.messages()
+	third := len(msgs) / 3
+	w := h.start()
+	counted := func(n int) func(float64) bool { return func(v float64) bool { return v >= float64(n) } }
+
+	h.publish(msgs[:third]...)
+	w.waitMetric(t, 30*time.Second, "the first third counted", counted(third), "klaxon_events_total", "outcome", "counted")
+	replica := s.PauseReplica()
+	h.publish(msgs[third : 2*third]...)
+	if wait == "0" {
+		// Acknowledged by the master alone, and the cooldown rule's
+		// notifications (at half the stream) sent.
+		w.waitMetric(t, 30*time.Second, "the second third counted", counted(2*third), "klaxon_events_total", "outcome", "counted")
+		h.webhook.WaitFor(stream.groups, 30*time.Second)
+	} else {
+		w.waitMetric(t, 30*time.Second, "a batch failed WAIT and was held", func(v float64) bool { return v > 0 },
+			"klaxon_batches_total", "stage", "evaluator", "outcome", "error")
+	}
+	old := s.Kill()
+	s.ResumeReplica()
+	promoted := s.AwaitFailover(old)
+	if promoted == old {
+		t.Logf("replica %s paused, master %s killed, and the sentinels failed over twice: trying again", replica, old)
+		return false
+	}
+	t.Logf("replica %s paused, master %s killed, %s promoted", replica, old, promoted)
+	h.publish(msgs[2*third:]...)
+	waitDrained(t, h)
+	missed, extra := stream.tally(t, h)
+	t.Logf("KLAXON_REDIS_WAIT_REPLICAS=%s: %d groups, %d expected notifications: %d missed, %d extra",
+		wait, stream.groups, 2*stream.groups, missed, extra)
+	if wait == "0" {
+		if missed == 0 || extra == 0 {
+			t.Errorf("without WAIT: %d missed, %d extra; the lagging replica should have lost counts and cooldowns", missed, extra)
+		}
+		return true
+	}
+	if missed != 0 || extra != 0 {
+		t.Errorf("with WAIT: %d missed, %d extra; want every notification once", missed, extra)
+	}
+	return true
 }
