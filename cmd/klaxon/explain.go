@@ -14,7 +14,9 @@ import (
 	"github.com/klaxonhq/klaxon/internal/config"
 	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/deliverer"
+	"github.com/klaxonhq/klaxon/internal/evaluator"
 	"github.com/klaxonhq/klaxon/internal/event"
+	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/snooze"
 	"github.com/klaxonhq/klaxon/internal/starved"
@@ -25,8 +27,10 @@ const explainUsage = `Usage: klaxon explain --project P --rule R (--group G [--t
 Says whether rule R of project P matches an event and why (or why not:
 which including or excluding word decided, or "not new" for an ONLY_NEW
 rule), and the rule's live state in Redis for the event's group, read
-without changing anything: each window's count against its threshold,
-which window is closest to it, armed or in cooldown and until when, when
+without changing anything: each window's count against its threshold
+(for a spike window also its baseline's count, the usual rate and how
+many times that the count is, against the factor), which window is
+closest to it, armed or in cooldown and until when, when
 each window's counted events leave it, the last firing (while the counter
 still holds the group: the firing's cooldown, or a window longer) with
 each channel's delivery record, and any snooze. For a countBy users rule
@@ -109,6 +113,9 @@ type windowStatus struct {
 	// ResetAt is when the events counted now have all left the window,
 	// if no more come; zero when it counts none.
 	ResetAt time.Time `json:"resetAt,omitzero"`
+	// Spike is a spike window's baseline, as a firing's message tells it
+	// (docs/contract.md §5.1); nil for a plain window.
+	Spike *notify.Spike `json:"spike,omitempty"`
 }
 
 type lastFired struct {
@@ -261,11 +268,17 @@ func state(o *counter.Outcome, now time.Time) counterState {
 	}
 	best := -1.0
 	for i, w := range o.Rule.Windows {
-		ws := windowStatus{Threshold: w.Threshold, Period: w.Period.Milliseconds(), Count: o.Counts[i]}
+		ws := windowStatus{Threshold: w.Threshold, Period: w.Period.Milliseconds(), Count: o.Counts[i],
+			Spike: evaluator.SpikeStatus(w, o.Counts[i], o.Baseline(i))}
 		if ws.Count > 0 {
 			ws.ResetAt = o.ResetAt(i).UTC()
 		}
-		if f := float64(ws.Count) / float64(w.Threshold); f > best {
+		f := float64(ws.Count) / float64(w.Threshold)
+		if sp := ws.Spike; sp != nil {
+			// A spike window is as close as the farther of its two marks.
+			f = min(f, sp.Ratio/sp.Factor)
+		}
+		if f > best {
 			best, s.Closest = f, i
 		}
 		s.Windows = append(s.Windows, ws)
@@ -305,7 +318,14 @@ func (a *app) printExplanation(x explanation) {
 		fmt.Fprintf(w, "  nothing counted: no event of this group matched the rule lately (or the counts expired)\n")
 	}
 	for i, ws := range s.Windows {
-		line := fmt.Sprintf("  window #%d  %d in %s: count %d of %d", i, ws.Threshold, time.Duration(ws.Period)*time.Millisecond, ws.Count, ws.Threshold)
+		line := fmt.Sprintf("  window #%d  %d in %s", i, ws.Threshold, time.Duration(ws.Period)*time.Millisecond)
+		if sp := ws.Spike; sp != nil {
+			line += fmt.Sprintf(" at %v× the rate over %s", sp.Factor, time.Duration(sp.Baseline)*time.Millisecond)
+		}
+		line += fmt.Sprintf(": count %d of %d", ws.Count, ws.Threshold)
+		if sp := ws.Spike; sp != nil {
+			line += ", " + notify.SpikeDetail(sp)
+		}
 		if !ws.ResetAt.IsZero() {
 			line += ", counted events leave it by " + ts(ws.ResetAt)
 		}

@@ -25,7 +25,7 @@ import (
 // "db" but not "staging", 3 in a minute or 10 in 10 minutes.
 func redisEnv(t *testing.T) (map[string]string, *rules.Rule) {
 	t.Helper()
-	file := writeTemp(t, "rules.yml", projectA+`:
+	return redisEnvWith(t, "storm", projectA+`:
   - id: storm
     isEnabled: true
     whatToReceive: SEEN_MORE
@@ -37,6 +37,13 @@ func redisEnv(t *testing.T) (map[string]string, *rules.Rule) {
       webhook: {isEnabled: true, endpoint: "http://127.0.0.1:9/hook", minPeriod: 0}
       slack: {isEnabled: true, endpoint: "http://127.0.0.1:9/slack", minPeriod: 0}
 `)
+}
+
+// redisEnvWith is redisEnv with a rules file of its own, and its rule
+// ruleID of projectA.
+func redisEnvWith(t *testing.T, ruleID, rulesFile string) (map[string]string, *rules.Rule) {
+	t.Helper()
+	file := writeTemp(t, "rules.yml", rulesFile)
 	env := map[string]string{
 		"KLAXON_REDIS_URL": testenv.RedisURL(), "KLAXON_PREFIX": testenv.KeyPrefix(t), "KLAXON_RULES_FILE": file,
 	}
@@ -44,7 +51,7 @@ func redisEnv(t *testing.T) (map[string]string, *rules.Rule) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := findRule(context.Background(), cfg, "", projectA, "storm")
+	r, err := findRule(context.Background(), cfg, "", projectA, ruleID)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,8 +17,9 @@ func TestRulesTestExamples(t *testing.T) {
 	}
 	wantLines(t, r.stdout,
 		"ok    ../../docs/examples/database-storm.test.yml: 100 database errors in 5 minutes send one Slack message",
+		"ok    ../../docs/examples/error-spike.test.yml: a busy group's usual volume does not fire",
 		"ok    ../../docs/examples/first-rule.test.yml: a new database error calls the webhook once",
-		"9 passed, 0 failed",
+		"12 passed, 0 failed",
 	)
 }
 

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/textproto"
 	"slices"
@@ -180,12 +181,27 @@ func testNotification(r *rules.Rule, id string, link evaluator.Link, now time.Ti
 	o := counter.Outcome{Rule: r, Fired: true, ID: id, At: now}
 	if !r.OnlyNew {
 		for _, w := range r.Windows {
-			o.Counts = append(o.Counts, w.Threshold)
+			o.Counts = append(o.Counts, justReached(w))
+		}
+		for _, w := range r.Windows {
+			if sp := w.Spike; sp != nil {
+				// The baseline that puts the count at factor × the usual rate.
+				o.Counts = append(o.Counts, int64(float64(justReached(w))*float64(sp.Baseline)/(float64(w.Period)*sp.Factor)))
+			}
 		}
 	}
 	n := evaluator.Notification(&ev, &m, &o)
 	n.Event.URL = link.URL(r.ProjectID, testGroup, "")
 	return n
+}
+
+// justReached is the least count that fires window w: its threshold, or
+// for a spike window factor × floor if more.
+func justReached(w rules.Window) int64 {
+	if sp := w.Spike; sp != nil {
+		return max(w.Threshold, int64(math.Ceil(sp.Factor*float64(sp.Floor))))
+	}
+	return w.Threshold
 }
 
 // providers names who answers for each channel.

@@ -15,6 +15,10 @@
 //     newest te it has seen; a count may include events up to one bucket
 //     older than the window and never misses one inside it. A late event
 //     counts in the bucket where it belongs, if still inside the window.
+//   - A spike window's baseline is one more ring, of the baseline's period;
+//     such a window reaches its threshold only when its count is also at
+//     least factor × the baseline's count scaled to the window's period, or
+//     factor × floor if more (rules.Window.Reached).
 //   - The rule's clock L is the newest te it has seen. The rule fires at the
 //     first event at which, with L at or past the rearm time, some window's
 //     count reaches its threshold; it then stays quiet until L + cooldown. A
@@ -104,7 +108,8 @@ type Outcome struct {
 	ID string
 	// Window is the index in Rule.Windows of the window that fired, or -1.
 	Window int
-	// Counts holds every window's count, in Rule.Windows order.
+	// Counts holds every window's count, in Rule.Windows order, then the
+	// count of each spike window's baseline, in the same order (Baseline).
 	Counts []int64
 	// At is the rule's clock: the newest event time seen for the group.
 	At time.Time
@@ -122,6 +127,65 @@ func (o *Outcome) ResetAt(i int) time.Time {
 	b := Resolution(p).Milliseconds()
 	newest := o.At.UnixMilli() / b
 	return time.UnixMilli((newest + 1) * b).Add(p)
+}
+
+// Baseline is the count of window i's baseline, the events of its spike's
+// baseline period; 0 for a plain window.
+func (o *Outcome) Baseline(i int) int64 {
+	k := len(o.Rule.Windows)
+	for _, w := range o.Rule.Windows[:i] {
+		if w.Spike != nil {
+			k++
+		}
+	}
+	if o.Rule.Windows[i].Spike == nil || k >= len(o.Counts) {
+		return 0
+	}
+	return o.Counts[k]
+}
+
+// ringPeriods are the periods a rule's rings count over, in the order of
+// its counts (Outcome.Counts): its windows', then each spike window's
+// baseline's.
+func ringPeriods(r *rules.Rule) []time.Duration {
+	ps := make([]time.Duration, 0, countsOf(r))
+	for _, w := range r.Windows {
+		ps = append(ps, w.Period)
+	}
+	for _, w := range r.Windows {
+		if w.Spike != nil {
+			ps = append(ps, w.Spike.Baseline)
+		}
+	}
+	return ps
+}
+
+// countsOf is how many counts a rule's outcomes have.
+func countsOf(r *rules.Rule) int {
+	n := len(r.Windows)
+	for _, w := range r.Windows {
+		if w.Spike != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// firstReached is the first window of r that counts (in Outcome.Counts'
+// order) make fire, or -1: as observe.lua's count decides.
+func firstReached(r *rules.Rule, counts []int64) int {
+	k := len(r.Windows) // where the next baseline's count is
+	for i, w := range r.Windows {
+		var base int64
+		if w.Spike != nil {
+			base = counts[k]
+			k++
+		}
+		if w.Reached(counts[i], base) {
+			return i
+		}
+	}
+	return -1
 }
 
 // FiringID is the deterministic id of a firing of rule for group at clock t.
@@ -286,11 +350,11 @@ type batch struct {
 
 // ruleInfo is what counting needs of a rule, worked out once a batch.
 type ruleInfo struct {
-	state, id, ttl int64 // stateTag, idTag, stateTTL
-	rings          []ringSpec
+	state, id, ttl int64      // stateTag, idTag, stateTTL
+	rings          []ringSpec // in the order of ringPeriods
 }
 
-// ringSpec is one window's ring: its tag, period and bucket (ms).
+// ringSpec is one ring of a rule: its tag, period and bucket (ms).
 type ringSpec struct{ tag, period, bucket int64 }
 
 func (b *batch) info(r *rules.Rule) *ruleInfo {
@@ -298,8 +362,8 @@ func (b *batch) info(r *rules.Rule) *ruleInfo {
 		return in
 	}
 	in := &ruleInfo{state: stateTag(r), id: idTag(r), ttl: stateTTL(r)}
-	for _, w := range r.Windows {
-		in.rings = append(in.rings, ringSpec{ringTag(r, w.Period), w.Period.Milliseconds(), Resolution(w.Period).Milliseconds()})
+	for _, p := range ringPeriods(r) {
+		in.rings = append(in.rings, ringSpec{ringTag(r, p), p.Milliseconds(), Resolution(p).Milliseconds()})
 	}
 	if b.infos == nil {
 		b.infos = make(map[*rules.Rule]*ruleInfo)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -450,6 +451,12 @@ func randomRule(t testing.TB, rng *rand.Rand) *rules.Rule {
 	spec := seenMore(ws...)
 	if rng.IntN(4) == 0 {
 		spec.CountBy = rules.CountUsers
+	} else {
+		for i := range spec.Windows {
+			if rng.IntN(2) == 0 {
+				spec.Windows[i].Spike = randomSpike(rng, spec.Windows[i].Period, periods)
+			}
+		}
 	}
 	switch rng.IntN(4) {
 	case 0:
@@ -461,6 +468,21 @@ func randomRule(t testing.TB, rng *rand.Rand) *rules.Rule {
 		spec.Cooldown = rng.Int64N(120_000)
 	}
 	return mustRule(t, spec)
+}
+
+// randomSpike draws a spike for a window of period ms: a baseline a few
+// periods long (a few seconds to minutes, as long as the streams), often
+// the period of another window, so that rings are shared.
+func randomSpike(rng *rand.Rand, period int64, periods []int64) *rules.SpikeSpec {
+	factor := []float64{1.1, 1.5, 2, 3, 5, 7.25}[rng.IntN(6)]
+	least := int64(math.Ceil(factor * float64(period)))
+	sp := &rules.SpikeSpec{Factor: factor, Floor: []int64{0, 0, 1, 2, 5}[rng.IntN(5)]}
+	if p := periods[rng.IntN(len(periods))]; p >= least && rng.IntN(2) == 0 {
+		sp.Baseline = p
+	} else {
+		sp.Baseline = least + rng.Int64N(20*period)
+	}
+	return sp
 }
 
 // exact counts, for the resolution bound: events with time in (from, to].
@@ -486,6 +508,7 @@ func TestModelAgreesWithLua(t *testing.T) {
 func differential(t *testing.T, rdb redis.UniversalClient, streams int, seed uint64) {
 	ctx := context.Background()
 	var fast, script int64
+	var sp spikes
 	for s := range streams {
 		rng := rand.New(rand.NewPCG(seed, uint64(s)))
 		// Every other stream is told only its firings, as the worker is.
@@ -567,6 +590,9 @@ func differential(t *testing.T, rdb redis.UniversalClient, streams int, seed uin
 					t.Fatalf("stream %d event %s matched no rule but has result %+v", s, ev.ID, got[i])
 				}
 				want := model.Observe(ev, got[i].Time)
+				for _, o := range want.Outcomes {
+					sp.add(o)
+				}
 				if !verbose {
 					want = firingsOnly(want)
 				}
@@ -594,6 +620,10 @@ func differential(t *testing.T, rdb redis.UniversalClient, streams int, seed uin
 	}
 	if fast == 0 || script == 0 {
 		t.Fatalf("groups counted in the worker %d, by the script %d: want both paths tried", fast, script)
+	}
+	t.Logf("spike windows over their threshold: %d reached, %d held back", sp.reached, sp.held)
+	if streams >= 100 && (sp.reached == 0 || sp.held == 0) {
+		t.Fatalf("spike windows over their threshold: %d reached, %d held back by the spike: want both", sp.reached, sp.held)
 	}
 }
 
@@ -626,14 +656,32 @@ func withinResolution(o Outcome, ev Event, _ map[string][]int64, _ []*rules.Rule
 		}
 	}
 	at := o.At.UnixMilli()
-	for i, w := range o.Rule.Windows {
-		p, r := w.Period.Milliseconds(), Resolution(w.Period).Milliseconds()
+	for i, period := range ringPeriods(o.Rule) {
+		p, r := period.Milliseconds(), Resolution(period).Milliseconds()
 		inside, loose := exactCount(times, at-p, at), exactCount(times, at-p-r, at)
 		if o.Counts[i] < inside || o.Counts[i] > loose {
-			return fmt.Errorf("window %d (%s): count %d, exact %d, with resolution %d", i, w.Period, o.Counts[i], inside, loose)
+			return fmt.Errorf("count %d (%s): %d, exact %d, with resolution %d", i, period, o.Counts[i], inside, loose)
 		}
 	}
 	return nil
+}
+
+// spikes tells, of an outcome's spike windows at or over their threshold,
+// how many fired and how many their spike held back: a differential test
+// that never saw both did not test spikes.
+type spikes struct{ reached, held int }
+
+func (s *spikes) add(o Outcome) {
+	for i, w := range o.Rule.Windows {
+		if w.Spike == nil || len(o.Counts) == 0 || o.Counts[i] < w.Threshold {
+			continue
+		}
+		if w.Reached(o.Counts[i], o.Baseline(i)) {
+			s.reached++
+		} else {
+			s.held++
+		}
+	}
 }
 
 func hasRule(rs []*rules.Rule, r *rules.Rule) bool {
@@ -669,6 +717,9 @@ func describe(r *rules.Rule) string {
 	fmt.Fprintf(&b, "users=%v cooldown=%s", r.Users, r.Cooldown)
 	for _, w := range r.Windows {
 		fmt.Fprintf(&b, " %d/%s", w.Threshold, w.Period)
+		if sp := w.Spike; sp != nil {
+			fmt.Fprintf(&b, "(spike %v× over %s, floor %d)", sp.Factor, sp.Baseline, sp.Floor)
+		}
 	}
 	return b.String()
 }
@@ -747,6 +798,7 @@ func TestModelAgreesWithLuaAtTheEdges(t *testing.T) {
 	periods := []int64{1000, 1001, 1099, 6001, 59_999, day, 7*day + 13, 31 * day}
 	const streams = 150
 	var fast, script int64
+	var sp spikes
 	for s := range streams {
 		rng := rand.New(rand.NewPCG(11, uint64(s)))
 		e := New(rdb, Options{Verbose: true, Prefix: testPrefix(t, rdb), GroupsPerCall: 1 + rng.IntN(40)})
@@ -769,6 +821,12 @@ func TestModelAgreesWithLuaAtTheEdges(t *testing.T) {
 			spec := seenMore(ws...)
 			if rng.IntN(3) == 0 {
 				spec.CountBy = rules.CountUsers
+			} else {
+				for i, w := range spec.Windows {
+					if rng.IntN(2) == 0 {
+						spec.Windows[i].Spike = edgeSpike(rng, w.Period)
+					}
+				}
 			}
 			spec.Cooldown = []int64{0, 1, 31 * day, rng.Int64N(100_000)}[rng.IntN(4)]
 			rs = append(rs, mustRule(t, spec))
@@ -829,6 +887,9 @@ func TestModelAgreesWithLuaAtTheEdges(t *testing.T) {
 					continue
 				}
 				want := model.Observe(ev, got[i].Time)
+				for _, o := range want.Outcomes {
+					sp.add(o)
+				}
 				if err := sameResult(got[i], want); err != nil {
 					t.Fatalf("stream %d event %d %q (group %s, t=%d, user %q): %v",
 						s, i, ev.ID, ev.GroupHash, ev.Time.UnixMilli(), ev.UserID, err)
@@ -844,6 +905,32 @@ func TestModelAgreesWithLuaAtTheEdges(t *testing.T) {
 	if fast == 0 || script == 0 {
 		t.Fatalf("groups counted in the worker %d, by the script %d: want both paths tried", fast, script)
 	}
+	t.Logf("spike windows over their threshold: %d reached, %d held back", sp.reached, sp.held)
+	if sp.reached == 0 || sp.held == 0 {
+		t.Fatalf("spike windows over their threshold: %d reached, %d held back by the spike: want both", sp.reached, sp.held)
+	}
+}
+
+// edgeSpike draws a spike at the bounds: factors just above 1 and 1000,
+// baselines of exactly factor × period and of 31 days, floors of 0 and the
+// largest; nil where no baseline fits (a period of 31 days).
+func edgeSpike(rng *rand.Rand, period int64) *rules.SpikeSpec {
+	const most = int64(rules.MaxWindowPeriod / time.Millisecond)
+	factor := []float64{1.000001, 1.5, 7.3, 999.99, rules.MaxSpikeFactor}[rng.IntN(5)]
+	least := int64(math.Ceil(factor * float64(period)))
+	if least > most || period == most {
+		return nil
+	}
+	sp := &rules.SpikeSpec{Factor: factor, Floor: []int64{0, 1, 3, rules.MaxThreshold}[rng.IntN(4)]}
+	switch rng.IntN(3) {
+	case 0:
+		sp.Baseline = max(least, period+1)
+	case 1:
+		sp.Baseline = most
+	default:
+		sp.Baseline = least + rng.Int64N(most-least+1)
+	}
+	return sp
 }
 
 // A write in the next slot that remembers no new id (an event without one,

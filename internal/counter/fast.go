@@ -195,13 +195,8 @@ func (e *Engine) countGroup(b *batch, g *group, st *groupState, pages map[string
 			s.until = now + info.ttl
 			which, fired := -1, false
 			if s.at >= s.rearm {
-				fired = len(r.Windows) == 0
-				for j, w := range r.Windows {
-					if counts[j] >= w.Threshold {
-						which, fired = j, true
-						break
-					}
-				}
+				which = firstReached(r, counts)
+				fired = len(r.Windows) == 0 || which >= 0
 				if fired {
 					s.rearm = s.at + max(r.Cooldown.Milliseconds(), 1)
 				}

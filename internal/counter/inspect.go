@@ -16,8 +16,9 @@ import (
 // rule, what the counter holds now: the rule's clock (At, the newest event
 // it counted), when it rearms (Rearm), and each window's count as of the
 // newest event its ring has seen, the way the next event would find it
-// before counting itself. It also returns Redis' clock. A rule the group
-// never counted has a zero At; for operators' tools (klaxon explain).
+// before counting itself, and so each spike window's baseline (Baseline).
+// It also returns Redis' clock. A rule the group never counted has a zero
+// At; for operators' tools (klaxon explain).
 func (e *Engine) Inspect(ctx context.Context, projectID, groupHash string, rs []*rules.Rule) ([]Outcome, time.Time, error) {
 	base := GroupKey(e.prefix, projectID, groupHash)
 	users := make(map[[2]int]*redis.IntCmd) // by rule and window
@@ -29,7 +30,7 @@ func (e *Engine) Inspect(ctx context.Context, projectID, groupHash string, rs []
 	outs := make([]Outcome, len(rs))
 	for i, r := range rs {
 		info := b.info(r)
-		o := Outcome{Rule: r, Window: -1, Counts: make([]int64, len(r.Windows))}
+		o := Outcome{Rule: r, Window: -1, Counts: make([]int64, len(info.rings))}
 		for _, s := range st.rules {
 			if s.tag == info.state && s.until > now {
 				o.At, o.Rearm = unixMilli(s.at), unixMilli(s.rearm)

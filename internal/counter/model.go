@@ -15,7 +15,8 @@ import (
 //
 //   - Rules with the same title filter count the same events, so each
 //     (group, filter, period) has one ring of buckets, which every such
-//     rule reads; each (group, rule) has its own clock and cooldown.
+//     rule reads; each (group, rule) has its own clock and cooldown. A
+//     spike window's baseline is a ring like any other, of its own period.
 //   - An event with an ID counts once: a repeat gets the firings its first
 //     delivery caused, and counts nothing. An event without an ID counts at
 //     every delivery; a redelivered one also gets back the firings of the
@@ -71,11 +72,11 @@ func (m *Model) Observe(ev Event, te time.Time) Result {
 		if r.Users {
 			continue
 		}
-		for _, w := range r.Windows {
-			tag := ringTag(r, w.Period)
+		for _, p := range ringPeriods(r) {
+			tag := ringTag(r, p)
 			if !added[tag] {
 				added[tag] = true
-				m.ring(group, tag).add(t, w.Period)
+				m.ring(group, tag).add(t, p)
 			}
 		}
 	}
@@ -97,12 +98,13 @@ func (m *Model) Observe(ev Event, te time.Time) Result {
 	return res
 }
 
-// replay gives each recorded firing to the event's rule of the same id and
-// id, unless that rule fired now or has other windows today.
+// replay gives each recorded firing to the event's rule of the same id,
+// unless that rule fired now or has other windows today: other counts, or
+// fewer windows than the one that fired.
 func (m *Model) replay(res *Result, ev Event, record []Outcome) {
 	for _, f := range record {
 		k := ruleIndex(&ev, idTag(f.Rule))
-		if k < 0 || res.Outcomes[k].Fired || len(f.Counts) != len(ev.Rules[k].Windows) {
+		if k < 0 || res.Outcomes[k].Fired || len(f.Counts) != countsOf(ev.Rules[k]) || f.Window >= len(ev.Rules[k].Windows) {
 			continue
 		}
 		f.Rule, f.Replayed = ev.Rules[k], true
@@ -157,7 +159,7 @@ func (r *modelRing) count() int64 {
 }
 
 func (s *modelState) observe(m *Model, group string, r *rules.Rule, user string, te int64) Outcome {
-	o := Outcome{Rule: r, Window: -1, Counts: make([]int64, len(r.Windows))}
+	o := Outcome{Rule: r, Window: -1, Counts: make([]int64, countsOf(r))}
 	if r.Users && user == "" {
 		// No user, nothing to count: the state as it is.
 		for i, w := range r.Windows {
@@ -179,21 +181,14 @@ func (s *modelState) observe(m *Model, group string, r *rules.Rule, user string,
 			o.Counts[i] = s.usersSince(clock - w.Period.Milliseconds())
 		}
 	} else {
-		for i, w := range r.Windows {
-			o.Counts[i] = m.ring(group, ringTag(r, w.Period)).count()
+		for i, p := range ringPeriods(r) {
+			o.Counts[i] = m.ring(group, ringTag(r, p)).count()
 		}
 	}
 	s.clock = clock
 	if clock >= s.rearm {
-		if len(r.Windows) == 0 {
-			o.Fired = true
-		}
-		for i, w := range r.Windows {
-			if o.Counts[i] >= w.Threshold {
-				o.Fired, o.Window = true, i
-				break
-			}
-		}
+		o.Window = firstReached(r, o.Counts)
+		o.Fired = len(r.Windows) == 0 || o.Window >= 0
 		if o.Fired {
 			s.rearm = clock + max(r.Cooldown.Milliseconds(), 1)
 		}

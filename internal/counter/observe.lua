@@ -9,8 +9,10 @@
 --        declared key, and Redis answers TRYAGAIN instead of running it on
 --        a node that holds only part of the group's keys (cluster.go).
 -- ARGV   dedupTTL(ms) verbose(0|1) nrules
---        per rule:  tag id ttl(ms) cooldown(ms) users(0|1) nwindows
+--        per rule:  tag id ttl(ms) cooldown(ms) users(0|1) nwindows nspikes
 --                   per window: ring threshold period(ms) bucket(ms)
+--                   per spike:  window(from 1) ring period(ms) bucket(ms) factor floor
+--                     (the ring and period are the window's baseline's)
 --        per group, in KEYS order, up to the end of ARGV: token ndone done... nevents
 --          per event: key mode ts(ms, -1 = now) user nmatched rule-index...
 --
@@ -48,7 +50,8 @@
 -- repeat replays them with the same ids. countBy users keeps a sorted set
 -- "<base>:u:<tag>" of user -> newest time seen.
 --
--- Reply: now, then items: event rule-id kind [L U window nwindows count...]
+-- Reply: now, then items: event rule-id kind [L U window ncounts count...]
+--   counts: each window's, then each spike window's baseline's
 --   kind 0: outcome that did not fire (verbose only)  1: fired
 --        2: replayed firing                           3: duplicate (no fields)
 -- event counts from 1 over the call's events in KEYS order.
@@ -69,12 +72,15 @@ local VERSION = ${VERSION}
 local HDR, HDR_SIZE = '${HEADER}', ${HEADER_SIZE}
 local RING, STATE, PAIR = '${RING}', '${RULE}', '${PAIR}'
 
+-- A rule's rings are its windows', then its spike windows' baselines, in
+-- the order of its counts; a spike window w has the index of its
+-- baseline's count (w.s), its factor (w.f), floor and baseline period (w.bp).
 local rules, p = {}, 4
 for r = 1, tonumber(a[3]) do
   local rule = {tag = tonumber(a[p]), id = tonumber(a[p + 1]), ttl = tonumber(a[p + 2]),
                 cooldown = tonumber(a[p + 3]), users = a[p + 4] == '1', windows = {}, maxp = 0, cap = 0}
-  local nw = tonumber(a[p + 5])
-  p = p + 6
+  local nw, ns = tonumber(a[p + 5]), tonumber(a[p + 6])
+  p = p + 7
   for i = 1, nw do
     local w = {ring = tonumber(a[p]), t = tonumber(a[p + 1]), p = tonumber(a[p + 2]), b = tonumber(a[p + 3])}
     p = p + 4
@@ -82,7 +88,16 @@ for r = 1, tonumber(a[3]) do
     if w.t > rule.cap then rule.cap = w.t end
     rule.windows[i] = w
   end
-  rule.nw = nw
+  local rings = {}
+  for i = 1, nw do rings[i] = rule.windows[i] end
+  for k = 1, ns do
+    local w = rule.windows[tonumber(a[p])]
+    local base = {ring = tonumber(a[p + 1]), p = tonumber(a[p + 2]), b = tonumber(a[p + 3])}
+    w.s, w.f, w.floor, w.bp = nw + k, tonumber(a[p + 4]), tonumber(a[p + 5]), base.p
+    rings[nw + k] = base
+    p = p + 6
+  end
+  rule.nw, rule.rings, rule.nc = nw, rings, nw + ns
   if rule.cooldown < 1 then rule.cooldown = 1 end
   rules[r] = rule
 end
@@ -462,7 +477,8 @@ local function count(g, rule, te, user)
     end
     redis.call('PEXPIRE', zkey, fmt('%d', rule.ttl))
   else
-    for i = 1, rule.nw do counts[i] = ring(g, windows[i])[SUM] end
+    local rings = rule.rings
+    for i = 1, rule.nc do counts[i] = ring(g, rings[i])[SUM] end
   end
   if te > st[j + 2] then st[j + 2] = te end
   st[j + 1] = now + rule.ttl
@@ -471,7 +487,10 @@ local function count(g, rule, te, user)
   local which
   if rule.nw == 0 then which = -1 end
   for i = 1, rule.nw do
-    if counts[i] >= windows[i].t then
+    local w, c = windows[i], counts[i]
+    -- A spike window also needs c >= factor * max(base * period / bp,
+    -- floor), worked without a division as rules.Window.Reached does.
+    if c >= w.t and (not w.f or c * w.bp >= w.f * math.max(counts[w.s] * w.p, w.floor * w.bp)) then
       which = i - 1
       break
     end
@@ -526,8 +545,8 @@ for _, g in ipairs(groups) do
       for j = first, first + nm - 1 do
         local rule = rules[tonumber(a[j])]
         if not rule.users then
-          for i = 1, rule.nw do
-            local r = ring(g, rule.windows[i])
+          for i = 1, rule.nc do
+            local r = ring(g, rule.rings[i])
             if r[SEEN] ~= e then
               r[SEEN] = e
               add(r, te)
@@ -539,7 +558,7 @@ for _, g in ipairs(groups) do
       local fired, items
       for j = first, first + nm - 1 do
         local rule = rules[tonumber(a[j])]
-        local nw = rule.nw
+        local nw = rule.nc
         local which, s = count(g, rule, te, user)
         local st = g.st
         if which then

@@ -111,12 +111,13 @@ func (e *Engine) plan(b *batch, groups []*group) []*call {
 const callWork = 12_000
 
 // eventWork is a measure of what observe.lua does for an event: a unit a
-// rule and a window, and for rules that count users, whose sorted set
-// takes commands of their own, four times that.
+// rule and a ring (a window, or a spike's baseline), and for rules that
+// count users, whose sorted set takes commands of their own, four times
+// that.
 func eventWork(ev *Event) int {
 	w := 1
 	for _, r := range ev.Rules {
-		n := 1 + len(r.Windows)
+		n := 1 + countsOf(r)
 		if r.Users {
 			n *= 4
 		}
@@ -224,7 +225,7 @@ func (e *Engine) args(c *call, b *batch) []any {
 		}
 	}
 	for _, r := range c.rules {
-		size += 6 + 4*len(r.Windows)
+		size += 7 + 4*len(r.Windows) + 6*(countsOf(r)-len(r.Windows))
 	}
 	verbose := 0
 	if e.verbose {
@@ -238,9 +239,19 @@ func (e *Engine) args(c *call, b *batch) []any {
 			users = 1
 		}
 		info := b.info(r)
-		args = append(args, info.state, info.id, info.ttl, r.Cooldown.Milliseconds(), users, len(r.Windows))
+		args = append(args, info.state, info.id, info.ttl, r.Cooldown.Milliseconds(), users, len(r.Windows), len(info.rings)-len(r.Windows))
 		for i, w := range r.Windows {
 			args = append(args, info.rings[i].tag, w.Threshold, info.rings[i].period, info.rings[i].bucket)
+		}
+		base := info.rings[len(r.Windows):]
+		for i, w := range r.Windows {
+			if sp := w.Spike; sp != nil {
+				// The factor as go-redis writes a float64, the shortest
+				// decimal that reads back as the same number: Lua's
+				// tonumber gets it exactly.
+				args = append(args, i+1, base[0].tag, base[0].period, base[0].bucket, sp.Factor, sp.Floor)
+				base = base[1:]
+			}
 		}
 	}
 	for _, p := range c.parts {

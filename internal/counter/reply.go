@@ -70,13 +70,13 @@ func decode(c *call, events []Event, results []Result) error {
 		}
 		o := &results[i].Outcomes[k]
 		rule := o.Rule
-		if nw != len(rule.Windows) || which >= int64(nw) {
+		if nw != countsOf(rule) || which >= int64(len(rule.Windows)) {
 			// The rule has other windows now: what fired then cannot be told
 			// in today's terms, so it is not told at all.
 			if kind == itemReplayed {
 				continue
 			}
-			return fmt.Errorf("reply has %d windows for rule %s of %d", nw, rule.ID, len(rule.Windows))
+			return fmt.Errorf("reply has %d counts for rule %s of %d", nw, rule.ID, countsOf(rule))
 		}
 		if o.Fired && kind == itemReplayed {
 			continue // fired now: that firing is the one to tell

@@ -404,11 +404,27 @@ func Notification(ev *counter.Event, m *event.Message, o *counter.Outcome) notif
 			Period:    w.Period.Milliseconds(),
 			Count:     o.Counts[i],
 			ResetAt:   o.ResetAt(i).UTC(),
+			Spike:     SpikeStatus(w, o.Counts[i], o.Baseline(i)),
 		})
 	}
 	fired := n.Windows[o.Window]
 	n.Count, n.Threshold, n.Period = fired.Count, fired.Threshold, fired.Period
 	return n
+}
+
+// SpikeStatus is what a spike window's count and baseline count say
+// (docs/contract.md §5.1); nil for a plain window.
+func SpikeStatus(w rules.Window, count, base int64) *notify.Spike {
+	sp := w.Spike
+	if sp == nil {
+		return nil
+	}
+	s := &notify.Spike{Factor: sp.Factor, Baseline: sp.Baseline.Milliseconds(), Floor: sp.Floor,
+		BaselineCount: base, Rate: w.Rate(base)}
+	if s.Rate > 0 {
+		s.Ratio = float64(count) / s.Rate
+	}
+	return s
 }
 
 // Link makes the link to an event in messages.

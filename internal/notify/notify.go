@@ -115,6 +115,26 @@ type WindowStatus struct {
 	Period    int64     `json:"period"` // ms
 	Count     int64     `json:"count"`
 	ResetAt   time.Time `json:"resetAt"` // when the window will have slid past every counted event
+	// Spike is what a spike window's baseline said; nil (absent) for a
+	// plain window.
+	Spike *Spike `json:"spike,omitempty"`
+}
+
+// Spike is a spike window's baseline at the moment its rule fired: the
+// window fires when its count reaches its threshold and Factor × Rate.
+type Spike struct {
+	Factor   float64 `json:"factor"`   // the rule's
+	Baseline int64   `json:"baseline"` // ms, the baseline's period
+	Floor    int64   `json:"floor"`    // the least Rate, the rule's
+	// BaselineCount is the events of the baseline period, the window's
+	// own included.
+	BaselineCount int64 `json:"baselineCount"`
+	// Rate is the usual rate, in events per window period:
+	// BaselineCount × period / Baseline, and at least Floor.
+	Rate float64 `json:"rate"`
+	// Ratio is the window's count over Rate: "7× the usual rate"; 0 when
+	// Rate is 0.
+	Ratio float64 `json:"ratio"`
 }
 
 // Message is what one send carries to one destination: a single

@@ -3,6 +3,7 @@ package notify
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -273,13 +274,14 @@ func renderItem(n Notification) Item {
 	}
 	if n.Type == TypeThreshold {
 		noun := countNoun(n)
-		fired := false
-		for _, w := range n.Windows {
+		fired := firedWindow(n)
+		for i, w := range n.Windows {
 			line := fmt.Sprintf("%s window: %d of %d %s", HumanDuration(ms(w.Period)), w.Count, w.Threshold, noun)
-			// Mark only the first window that matches the one that fired.
-			if !fired && w.Period == n.Period && w.Threshold == n.Threshold {
-				fired = true
+			if fired == &n.Windows[i] {
 				line += " (fired)"
+			}
+			if sp := w.Spike; sp != nil {
+				line += ", " + SpikeDetail(sp)
 			}
 			if !w.ResetAt.IsZero() {
 				line += ", resets at " + rfc3339(w.ResetAt)
@@ -340,8 +342,48 @@ func summary(n Notification) string {
 	if n.Type == TypeStormOver && n.Storm != nil {
 		return fmt.Sprintf("Storm over: %s, then below %d for %s", stormSize(n), n.Threshold, HumanDuration(ms(n.Period)))
 	}
+	if w := firedWindow(n); w != nil && w.Spike != nil {
+		return fmt.Sprintf("%s (threshold %d, factor %s)", ShortSummary(n), n.Threshold, number(w.Spike.Factor))
+	}
 	return fmt.Sprintf("%s (threshold %d)", ShortSummary(n), n.Threshold)
 }
+
+// firedWindow is the window that fired: the first whose threshold and
+// period are the notification's (only that one is marked); nil when none
+// is.
+func firedWindow(n Notification) *WindowStatus {
+	for i, w := range n.Windows {
+		if w.Period == n.Period && w.Threshold == n.Threshold {
+			return &n.Windows[i]
+		}
+	}
+	return nil
+}
+
+// SpikeDetail says what a spike window's baseline said: "7× the usual
+// rate of 7.4 (2130 events in the last 1 day, floor 1; factor 5)".
+func SpikeDetail(sp *Spike) string {
+	base := plural(sp.BaselineCount, "event") + " in the last " + HumanDuration(ms(sp.Baseline))
+	if sp.Floor > 0 {
+		base += ", floor " + strconv.FormatInt(sp.Floor, 10)
+	}
+	if sp.Rate <= 0 {
+		return fmt.Sprintf("no usual rate yet (%s; factor %s)", base, number(sp.Factor))
+	}
+	return fmt.Sprintf("%s the usual rate of %s (%s; factor %s)", Times(sp.Ratio), number(math.Round(sp.Rate*100)/100), base, number(sp.Factor))
+}
+
+// Times says a ratio as messages do: "7×", "5.5×", "288×", rounded down
+// (to a tenth below 10), so that it never says more than it was.
+func Times(x float64) string {
+	if x < 10 {
+		return number(math.Floor(x*10)/10) + "×"
+	}
+	return number(math.Floor(x)) + "×"
+}
+
+// number is f in the fewest digits that say it: "5", "2.5".
+func number(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
 
 // stormSize says how big a storm was: "240 events in 3 minutes 20
 // seconds", with "at least" and "at most" when a check came late.
@@ -370,6 +412,9 @@ func ShortSummary(n Notification) string {
 	s := fmt.Sprintf("%d %s", n.Count, countNoun(n))
 	if n.Period > 0 {
 		s += " in the last " + HumanDuration(ms(n.Period))
+	}
+	if w := firedWindow(n); w != nil && w.Spike != nil && w.Spike.Rate > 0 {
+		s += ", " + Times(w.Spike.Ratio) + " the usual rate"
 	}
 	return s
 }

@@ -63,10 +63,22 @@ type Spec struct {
 	StormOver *bool `json:"stormOver,omitempty" yaml:"stormOver" bson:"stormOver"`
 }
 
-// WindowSpec is one sliding window: Threshold events within Period ms.
+// WindowSpec is one sliding window: Threshold events within Period ms, and
+// with Spike only when they are also a spike over a longer baseline.
 type WindowSpec struct {
-	Threshold int64 `json:"threshold" yaml:"threshold" bson:"threshold"`
-	Period    int64 `json:"period" yaml:"period" bson:"period"`
+	Threshold int64      `json:"threshold" yaml:"threshold" bson:"threshold"`
+	Period    int64      `json:"period" yaml:"period" bson:"period"`
+	Spike     *SpikeSpec `json:"spike,omitempty" yaml:"spike" bson:"spike"`
+}
+
+// SpikeSpec (Klaxon's extension) holds a window to a spike: its count must
+// also be at least Factor times the usual rate, the events of the last
+// Baseline ms scaled to the window's period, and never less than Floor
+// events a period (so that a group without history needs Factor × Floor).
+type SpikeSpec struct {
+	Factor   float64 `json:"factor" yaml:"factor" bson:"factor"`
+	Baseline int64   `json:"baseline" yaml:"baseline" bson:"baseline"` // ms
+	Floor    int64   `json:"floor,omitempty" yaml:"floor" bson:"floor"`
 }
 
 // ChannelSpec is one destination of a rule. MinPeriod is in seconds.
@@ -105,8 +117,9 @@ type Rule struct {
 	// Unset when it did not say (KLAXON_STORM_OVER decides).
 	StormOver Choice
 	// Version changes whenever what the counter keeps for the rule would
-	// change meaning (window periods, countBy), so such an edit starts fresh
-	// counters; a threshold or cooldown edit keeps them.
+	// change meaning (window and spike baseline periods, countBy), so such
+	// an edit starts fresh counters; a threshold or cooldown edit keeps
+	// them.
 	Version string
 }
 
@@ -131,10 +144,52 @@ func (r *Rule) WantsStormOver(all bool) bool {
 }
 
 // Window is a sliding window: the rule fires when Threshold matching events
-// (or users) fall within Period.
+// (or users) fall within Period, and for a spike window when they are also
+// a spike (Reached).
 type Window struct {
 	Threshold int64
 	Period    time.Duration
+	// Spike is nil for a plain window.
+	Spike *Spike
+}
+
+// Spike is a window's spike condition: the window's count must also be at
+// least Factor times the usual rate (Rate), which its baseline, the events
+// of the last Baseline (the window's own included), sets.
+type Spike struct {
+	Factor   float64 // in (1, MaxSpikeFactor]
+	Baseline time.Duration
+	Floor    int64 // the least usual rate: events per window period
+}
+
+// MaxSpikeFactor is the largest spike factor.
+const MaxSpikeFactor = 1000
+
+// Rate is the usual rate a spike window's count is held to, in events per
+// window period: base, the events of the baseline period, scaled to the
+// window's period, and at least Floor. 0 for a plain window.
+func (w Window) Rate(base int64) float64 {
+	if w.Spike == nil {
+		return 0
+	}
+	return max(float64(base)*float64(w.Period)/float64(w.Spike.Baseline), float64(w.Spike.Floor))
+}
+
+// Reached reports whether a window whose count is count, and whose
+// baseline holds base events, fires: count reaches the threshold and, for
+// a spike window, Factor × Rate(base). It is worked in float64 without a
+// division, as observe.lua does with Lua's numbers: the same operations in
+// the same order, so both decide alike to the last bit.
+func (w Window) Reached(count, base int64) bool {
+	if count < w.Threshold {
+		return false
+	}
+	s := w.Spike
+	if s == nil {
+		return true
+	}
+	p, b := float64(w.Period.Milliseconds()), float64(s.Baseline.Milliseconds())
+	return float64(count)*b >= s.Factor*max(float64(base)*p, float64(s.Floor)*b)
 }
 
 // Channel is an enabled destination of a rule.
@@ -350,6 +405,9 @@ func describe(r *Rule) string {
 				b.WriteString(" or ")
 			}
 			fmt.Fprintf(&b, "%d %s in %s", w.Threshold, noun, words(w.Period))
+			if sp := w.Spike; sp != nil {
+				fmt.Fprintf(&b, " at %s× the rate over %s", strconv.FormatFloat(sp.Factor, 'f', -1, 64), words(sp.Baseline))
+			}
 		}
 	}
 	quote := func(ws []string) string {
@@ -409,14 +467,22 @@ func compileWindows(s Spec, maxWindows int) ([]Window, []string, error) {
 			return nil, nil, fmt.Errorf("%s: period %d ms is longer than %s", name, w.Period, MaxWindowPeriod)
 		}
 		windows[i] = Window{Threshold: w.Threshold, Period: time.Duration(w.Period) * time.Millisecond}
+		if w.Spike != nil {
+			sp, err := compileSpike(s, w)
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s: spike %w", name, err)
+			}
+			windows[i].Spike = sp
+		}
 	}
 	var warnings []string
 	// A longer window with a higher rate always fires first: the other can
-	// never be the one that decides.
+	// never be the one that decides. A spike window fires only at a spike,
+	// so it shadows none.
 	for i, a := range windows {
 		for j, b := range windows {
-			shadows := b.Period > a.Period && b.Threshold <= a.Threshold ||
-				b.Period == a.Period && b.Threshold < a.Threshold
+			shadows := b.Spike == nil && (b.Period > a.Period && b.Threshold <= a.Threshold ||
+				b.Period == a.Period && b.Threshold < a.Threshold)
 			if i != j && shadows {
 				warnings = append(warnings, fmt.Sprintf(
 					"window %d (%d per %s) can never fire before window %d (%d per %s)",
@@ -425,6 +491,31 @@ func compileWindows(s Spec, maxWindows int) ([]Window, []string, error) {
 		}
 	}
 	return windows, warnings, nil
+}
+
+// compileSpike checks a window's spike; its errors follow "spike".
+func compileSpike(s Spec, w WindowSpec) (*Spike, error) {
+	sp := w.Spike
+	maxMS := int64(MaxWindowPeriod / time.Millisecond)
+	switch {
+	case s.CountBy == CountUsers:
+		// A user's earlier times are not kept: no baseline of users.
+		return nil, fmt.Errorf("is not supported with countBy users")
+	case !(sp.Factor > 1 && sp.Factor <= MaxSpikeFactor): // NaN too
+		return nil, fmt.Errorf("factor %v must be above 1 and at most %d", sp.Factor, MaxSpikeFactor)
+	case sp.Baseline <= w.Period:
+		return nil, fmt.Errorf("baseline %d ms must be longer than the window's period (%d ms)", sp.Baseline, w.Period)
+	case sp.Baseline > maxMS:
+		return nil, fmt.Errorf("baseline %d ms is longer than %s", sp.Baseline, MaxWindowPeriod)
+	case sp.Floor < 0 || sp.Floor > MaxThreshold:
+		return nil, fmt.Errorf("floor %d must be from 0 to %d", sp.Floor, int64(MaxThreshold))
+	case sp.Factor*float64(w.Period) > float64(sp.Baseline):
+		// The baseline holds the window's events too: a count c makes a
+		// rate of at least c × period / baseline.
+		return nil, fmt.Errorf("can never fire: its baseline counts the window's own events, so the baseline must be at least factor × period (%d ms), not %d ms",
+			int64(math.Ceil(sp.Factor*float64(w.Period))), sp.Baseline)
+	}
+	return &Spike{Factor: sp.Factor, Baseline: time.Duration(sp.Baseline) * time.Millisecond, Floor: sp.Floor}, nil
 }
 
 // MaxThreshold is the largest threshold: the counter keeps a window's count
@@ -460,6 +551,11 @@ func version(r *Rule) string {
 	// editing those keeps the counts of a storm in progress.
 	for _, w := range r.Windows {
 		fmt.Fprintf(h, "|%d", w.Period.Milliseconds())
+		if w.Spike != nil {
+			// The baseline's period, not its factor or floor: those are
+			// thresholds.
+			fmt.Fprintf(h, "~%d", w.Spike.Baseline.Milliseconds())
+		}
 	}
 	return hex.EncodeToString(h.Sum(nil)[:4])
 }

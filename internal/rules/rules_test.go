@@ -50,7 +50,7 @@ func TestCompileErrors(t *testing.T) {
 		{Spec{ID: "r", WhatToReceive: SeenMore, Threshold: 0, ThresholdPeriod: 60_000}, "threshold 0 must be from 1 to 4294967295"},
 		{Spec{ID: "r", WhatToReceive: SeenMore, Threshold: 1 << 32, ThresholdPeriod: 60_000}, "threshold 4294967296 must be from 1"},
 		{Spec{ID: "r", WhatToReceive: SeenMore, Threshold: 5, ThresholdPeriod: 999}, "period 999 ms must be at least 1000"},
-		{Spec{ID: "r", WhatToReceive: SeenMore, Windows: []WindowSpec{{5, 60_000}, {0, 1000}}}, "windows[1]: threshold 0"},
+		{Spec{ID: "r", WhatToReceive: SeenMore, Windows: []WindowSpec{{Threshold: 5, Period: 60_000}, {Threshold: 0, Period: 1000}}}, "windows[1]: threshold 0"},
 		{Spec{ID: "r", WhatToReceive: SeenMore, Threshold: 5, ThresholdPeriod: 60_000, CountBy: "sessions"}, `countBy "sessions"`},
 		{Spec{ID: "r", WhatToReceive: SeenMore, Threshold: 5, ThresholdPeriod: 60_000, Cooldown: -1}, "cooldown -1"},
 	} {
@@ -221,7 +221,7 @@ func TestDescription(t *testing.T) {
 		`new errors, title containing "database" or "redis", not "staging"`: {WhatToReceive: OnlyNew,
 			Including: []string{"Database", " redis", ""}, Excluding: []string{"staging"}},
 		"100 events in 1 minute":                       {WhatToReceive: SeenMore, Threshold: 100, ThresholdPeriod: 60_000},
-		"20 events in 1 hour or 5 events in 3 seconds": {WhatToReceive: SeenMore, Windows: []WindowSpec{{20, 3_600_000}, {5, 3000}}},
+		"20 events in 1 hour or 5 events in 3 seconds": {WhatToReceive: SeenMore, Windows: []WindowSpec{{Threshold: 20, Period: 3_600_000}, {Threshold: 5, Period: 3000}}},
 		"10 affected users in 90 seconds":              {WhatToReceive: SeenMore, Threshold: 10, ThresholdPeriod: 90_000, CountBy: CountUsers},
 		"3 events in 1.5s":                             {WhatToReceive: SeenMore, Threshold: 3, ThresholdPeriod: 1500},
 	} {

@@ -56,8 +56,23 @@ func hawkRules(t *testing.T) bson.A {
 			{Key: "cooldown", Value: int64(120000)},
 			{Key: "channels", Value: bson.D{{Key: "webhook", Value: channel("https://example.com/"+secret, int32(30))}}},
 		},
+		bson.D{
+			{Key: "_id", Value: oid(t, ruleSpike)},
+			{Key: "isEnabled", Value: true},
+			{Key: "whatToReceive", Value: "SEEN_MORE"},
+			{Key: "windows", Value: bson.A{
+				bson.D{{Key: "threshold", Value: int32(50)}, {Key: "period", Value: int32(300000)},
+					{Key: "spike", Value: bson.D{{Key: "factor", Value: 2.5}, {Key: "baseline", Value: int64(86400000)}, {Key: "floor", Value: float64(4)}}}},
+				bson.D{{Key: "threshold", Value: int32(500)}, {Key: "period", Value: int32(60000)},
+					{Key: "spike", Value: bson.D{{Key: "factor", Value: int32(5)}, {Key: "baseline", Value: float64(3600000)}}}},
+			}},
+			{Key: "channels", Value: bson.D{{Key: "webhook", Value: channel("https://example.com/"+secret, int32(0))}}},
+		},
 	}
 }
+
+// ruleSpike is the rule of hawkRules with spike windows.
+const ruleSpike = "64b7f0c2a1b2c3d4e5f6005b"
 
 // A rule copied from MongoDB, as mongoexport writes it in either of its
 // modes (relaxed, its default: {"$oid": …} and plain numbers; canonical:
@@ -79,8 +94,14 @@ func TestFileSourceLoadsRulesCopiedFromMongo(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := fromMongo.Rules(projectA)
-	if len(want) != 3 {
-		t.Fatalf("MongoDB gave %d rules, want 3: %v", len(want), fromMongo.Snapshot().Problems())
+	if len(want) != 4 {
+		t.Fatalf("MongoDB gave %d rules, want 4: %v", len(want), fromMongo.Snapshot().Problems())
+	}
+	spikes := []rules.Spike{{Factor: 2.5, Baseline: 24 * time.Hour, Floor: 4}, {Factor: 5, Baseline: time.Hour}}
+	for i, w := range want[3].Windows {
+		if w.Spike == nil || *w.Spike != spikes[i] {
+			t.Errorf("rule %s window %d: spike %+v, want %+v", want[3].ID, i, w.Spike, spikes[i])
+		}
 	}
 
 	// What MongoDB stores, read back as it is.
