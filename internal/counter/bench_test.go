@@ -12,8 +12,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/klaxonhq/klaxon/tools/baseline"
 	"github.com/klaxonhq/klaxon/internal/rules"
+	"github.com/klaxonhq/klaxon/tools/baseline"
 )
 
 // algorithm is one way of counting a stream of events for one rule:
