@@ -22,6 +22,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
+	"github.com/klaxonhq/klaxon/internal/quiet"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/seal"
 	"github.com/klaxonhq/klaxon/internal/wire"
@@ -109,6 +110,9 @@ type Evaluator struct {
 	Keys    *seal.Keys
 	Log     *slog.Logger
 	Metrics *metrics.Metrics
+	// Now is the clock quiet hours are told by [time.Now]: the wall
+	// clock people keep them by, not the events' times.
+	Now func() time.Time
 
 	// counting lets one batch at a time count: batches of one worker
 	// handled at once (queue.ConsumerConfig.Concurrency) decode, match and
@@ -333,6 +337,7 @@ func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result
 	var (
 		order []destination
 		to    = make(map[destination][]wire.Firing)
+		now   time.Time
 	)
 	for k := range res.Outcomes {
 		o := &res.Outcomes[k]
@@ -351,12 +356,19 @@ func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result
 		if known {
 			n.History = history(g, &n)
 		}
+		var held *quiet.Span
+		if rule.Quiet != nil {
+			if now.IsZero() {
+				now = e.now()
+			}
+			held = rule.QuietAt(now)
+		}
 		for _, c := range rule.Channels {
 			dest := destination{c.Name, c.Endpoint}
 			if _, ok := to[dest]; !ok {
 				order = append(order, dest)
 			}
-			to[dest] = append(to[dest], wire.Firing{RuleID: rule.ID, MinPeriod: c.MinPeriod.Milliseconds(), Notification: &n})
+			to[dest] = append(to[dest], wire.Firing{RuleID: rule.ID, MinPeriod: c.MinPeriod.Milliseconds(), Notification: &n, Quiet: held})
 		}
 	}
 	jobs := make([]queue.Message, 0, len(order))
@@ -371,6 +383,13 @@ func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result
 		jobs, big = append(jobs, msgs...), append(big, b...)
 	}
 	return jobs, big, nil
+}
+
+func (e *Evaluator) now() time.Time {
+	if e.Now != nil {
+		return e.Now()
+	}
+	return time.Now()
 }
 
 // Notification describes a firing as the webhook body of docs/contract.md §5.1.
