@@ -331,6 +331,10 @@ func (e *Evaluator) startStorms(ctx context.Context, events []counter.Event, msg
 // With Hawk's events database, a firing carries the group's history as the
 // batch read it; a firing of a derived rule is the regression of its rule,
 // sent as that rule's (its id, channels and digests).
+//
+// A firing of a rule in quiet hours carries its quiet period, told by
+// e.Now: the deliverer holds it for the period's recap (docs/contract.md
+// §4.8).
 func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result, groups map[groupKey]hawkdb.Group,
 	regs *regressions, limit int) ([]queue.Message, []tooBig, error) {
 	type destination struct{ channel, endpoint string }

@@ -28,8 +28,8 @@ import (
 // FileSource reads rules from a YAML file (KLAXON_RULES_FILE): a mapping
 // from project id to that project's list of rules, each with the fields of
 // rules.Spec and a free-form id, or to a mapping in the shape of Hawk's
-// project document, {name: "Shop", notifications: [rules]}, which gives the
-// project the name its messages show:
+// project document, {name: "Shop", quiet: {…}, notifications: [rules]},
+// which gives the project the name its messages show and its quiet hours:
 //
 //	5e3eef0679fa3700a0198a49:
 //	  - id: rule-1
