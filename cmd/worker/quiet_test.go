@@ -12,6 +12,29 @@ import (
 	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
+// quietProject stores a project with rules, quiet from a second ago for
+// d, and returns its id and the end of the period.
+func (h *harness) quietProject(d time.Duration, rules ...bson.M) (string, time.Time) {
+	h.t.Helper()
+	from := time.Now().UTC().Add(-time.Second).Truncate(time.Second)
+	until := from.Add(d)
+	id := bson.NewObjectID()
+	list := bson.A{}
+	for _, r := range rules {
+		list = append(list, r)
+	}
+	_, err := h.db.Collection("projects").InsertOne(context.Background(), bson.M{
+		"_id": id, "name": "test project", "notifications": list,
+		"quiet": bson.M{"timezone": "UTC", "hours": bson.A{bson.M{
+			"days": bson.A{strings.ToLower(from.Weekday().String()[:3])},
+			"from": from.Format("15:04:05"), "to": until.Format("15:04:05")}}},
+	})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return id.Hex(), until
+}
+
 // TestQuietHoursHoldAStormThenOneRecapPerDestination: during a project's
 // quiet hours a storm's firings are counted and held by every worker, a
 // critical rule's go out at once, and when the period ends each
@@ -27,19 +50,7 @@ func TestQuietHoursHoldAStormThenOneRecapPerDestination(t *testing.T) {
 		"slack":   bson.M{"isEnabled": true, "endpoint": h.slack.URL, "minPeriod": 0},
 	}})
 	critical := rule(bson.M{"whatToReceive": "ONLY_NEW", "critical": true, "channels": h.webhookOnly()})
-	from := time.Now().UTC().Add(-time.Second).Truncate(time.Second)
-	until := from.Add(14 * time.Second)
-	id := bson.NewObjectID()
-	_, err := h.db.Collection("projects").InsertOne(context.Background(), bson.M{
-		"_id": id, "name": "test project", "notifications": bson.A{onlyNew, storm, critical},
-		"quiet": bson.M{"timezone": "UTC", "hours": bson.A{bson.M{
-			"days": bson.A{strings.ToLower(from.Weekday().String()[:3])},
-			"from": from.Format("15:04:05"), "to": until.Format("15:04:05")}}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	project := id.Hex()
+	project, until := h.quietProject(14*time.Second, onlyNew, storm, critical)
 	w1, w2 := h.start(), h.start()
 	var msgs []message
 	for i := range 3 {
@@ -90,4 +101,40 @@ func TestQuietHoursHoldAStormThenOneRecapPerDestination(t *testing.T) {
 	if n := notificationsTotal(t, "quiet", w1, w2); n != 9 {
 		t.Errorf("%d quiet in the metrics, want 9", n)
 	}
+}
+
+// TestQuietRecapSurvivesAKilledWorker: the worker that held a quiet
+// period's firings, and scheduled its recap, is killed (SIGKILL) before
+// the period ends. Another worker sends the recap when it ends, once,
+// listing every firing; the storm's messages delivered again (their
+// first worker never acked them all) send nothing more.
+func TestQuietRecapSurvivesAKilledWorker(t *testing.T) {
+	h := newHarness(t)
+	buildBinary(t) // now, not within the quiet period: a build takes seconds
+	r := rule(bson.M{"whatToReceive": "ONLY_NEW", "channels": h.webhookOnly()})
+	project, until := h.quietProject(15*time.Second, r)
+	w, cmd, exited, _ := h.startBinary()
+	var msgs []message
+	for i := range 3 {
+		m := event(project, "Database timeout", fmt.Sprint("g", i), true)
+		m.ID = fmt.Sprint("m", i)
+		msgs = append(msgs, m)
+	}
+	h.publish(msgs...)
+	w.waitMetric(t, 30*time.Second, "3 firings held", func(v float64) bool { return v == 3 },
+		"klaxon_notifications_total", "outcome", "quiet")
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-exited
+	if time.Now().After(until) {
+		t.Fatal("the quiet period ended before the worker was killed: the machine is too slow for this test")
+	}
+	h.start()
+	h.publish(msgs...)
+	recap := h.webhookBodies(1)[0]
+	if held, _ := recap["notifications"].([]any); !strings.HasPrefix(fmt.Sprint(recap["id"]), "quiet-") || len(held) != 3 {
+		t.Fatalf("recap %v, want the quiet period's of 3 firings", recap)
+	}
+	waitQuiet(t, func() int { return len(h.webhook.Requests()) }, 1)
 }
