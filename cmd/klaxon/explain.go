@@ -33,7 +33,9 @@ many times that the count is, against the factor), which window is
 closest to it, armed or in cooldown and until when, when
 each window's counted events leave it, the last firing (while the counter
 still holds the group: the firing's cooldown, or a window longer) with
-each channel's delivery record, and any snooze. For a countBy users rule
+each channel's delivery record, any snooze, and the rule's quiet hours:
+whether it is quiet now and until when, else when the next quiet period
+begins and ends (or that the rule is critical). For a countBy users rule
 it says that the rule needs event.user, and whether a worker warned in
 the last two hours that the rule's events lack it (then the rule cannot
 fire on them).
@@ -67,12 +69,27 @@ type explanation struct {
 	// LastFiring is nil when the counter holds no firing of the group.
 	LastFiring *lastFired      `json:"lastFiring,omitempty"`
 	Snoozed    []snooze.Snooze `json:"snoozed,omitempty"`
+	// Quiet is the rule's quiet hours, its own or its project's; nil for
+	// none (or a critical rule: Critical).
+	Quiet    *quietHours `json:"quiet,omitempty"`
+	Critical bool        `json:"critical,omitempty"`
 	// Needs is the event field the rule cannot count an event without
 	// (countBy users: event.user), nil for none.
 	Needs *need `json:"needs,omitempty"`
 	// ArrivalTime reports that the sample event (--event) has no
 	// event.timestamp: it counts at its arrival, on Redis' clock.
 	ArrivalTime bool `json:"arrivalTime,omitempty"`
+}
+
+// quietHours is what a rule's quiet hours mean now, on this machine's
+// clock, as the worker's.
+type quietHours struct {
+	Schedule string `json:"schedule"` // in words, with the zone
+	// Now reports that it is quiet now: firings are held until Until.
+	Now bool `json:"now"`
+	// Since and Until are the quiet period under way, or the next one.
+	Since time.Time `json:"since"`
+	Until time.Time `json:"until"`
 }
 
 type need struct {
@@ -218,6 +235,13 @@ func (a *app) explain(ctx context.Context, args []string) int {
 		}
 	}
 
+	x.Critical = rule.Critical
+	if rule.Quiet != nil {
+		at := time.Now()
+		next := rule.Quiet.Next(at)
+		x.Quiet = &quietHours{Schedule: rule.Quiet.String(), Now: !next.Since.After(at), Since: next.Since, Until: next.Until}
+	}
+
 	x.Needs, err = needs(ctx, run.rdb, cfg.Prefix, rule, sample, now)
 	if err != nil {
 		return a.fail(cmd, err)
@@ -350,6 +374,17 @@ func (a *app) printExplanation(x explanation) {
 	for _, sn := range x.Snoozed {
 		fmt.Fprintf(w, "snoozed until %s (%s)%s\n", ts(sn.Until), in(sn.Until), snoozeScope(sn))
 	}
+	switch q := x.Quiet; {
+	case x.Critical:
+		fmt.Fprintf(w, "critical: passes through quiet hours\n")
+	case q == nil:
+	case q.Now:
+		fmt.Fprintf(w, "quiet hours %s: QUIET NOW, until %s (%s): firings are held, then told in one recap per destination\n",
+			q.Schedule, q.Until.Format(time.RFC3339), in(q.Until))
+	default:
+		fmt.Fprintf(w, "quiet hours %s: next quiet period from %s (%s) to %s\n",
+			q.Schedule, q.Since.Format(time.RFC3339), in(q.Since), q.Until.Format(time.RFC3339))
+	}
 	if n := x.Needs; n != nil {
 		fmt.Fprintf(w, "needs %s in every event it counts (countBy users); stock Hawk sends none\n", n.Field)
 		if !n.StarvedAt.IsZero() {
@@ -380,6 +415,8 @@ func deliveryWords(d deliveryRecord) string {
 		return "counted, not listed, in a full minPeriod digest"
 	case "snoozed":
 		return "held back: the rule was snoozed"
+	case "quiet":
+		return "held in quiet hours, for the recap at their end"
 	case "sending":
 		return "being sent by a deliverer now (or retried soon)"
 	}

@@ -192,7 +192,8 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		MaxSends: cfg.MaxSends, MaxSendsPerHost: cfg.MaxSendsPerHost, MaxSendsPerProject: cfg.MaxSendsPerProject,
 		CircuitTimeouts: cfg.CircuitTimeouts, CircuitOpen: cfg.CircuitOpen,
 		WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout, Keys: cfg.EndpointKeys(),
-		Redis: rdb, Publisher: dpub, Channels: chans, Logger: log.With("stage", "deliverer"), Metrics: m})
+		Levels: levels{rules: cache, rings: counter.New(rdb, counter.Options{Prefix: cfg.Prefix, DedupTTL: cfg.DedupTTL})},
+		Redis:  rdb, Publisher: dpub, Channels: chans, Logger: log.With("stage", "deliverer"), Metrics: m})
 	if cfg.Role.Delivers() {
 		// The main lane and the bulk lane (evaluator.Lanes) each have half
 		// of the jobs a worker works on: a flood in the bulk lane never

@@ -12,12 +12,12 @@ import (
 	"github.com/klaxonhq/klaxon/internal/testenv"
 )
 
-// snoozedTotal sums klaxon_notifications_total{outcome="snoozed"} over
+// notificationsTotal sums klaxon_notifications_total{outcome} over
 // workers.
-func snoozedTotal(t *testing.T, ws ...*worker) int {
+func notificationsTotal(t *testing.T, outcome string, ws ...*worker) int {
 	n := 0.0
 	for _, w := range ws {
-		n += w.metric(t, "klaxon_notifications_total", "outcome", "snoozed")
+		n += w.metric(t, "klaxon_notifications_total", "outcome", outcome)
 	}
 	return int(n)
 }
@@ -45,7 +45,7 @@ func TestSnoozedRuleSendsNothingThenOneSummary(t *testing.T) {
 		msgs = append(msgs, event(project, "boom", fmt.Sprint("g", i), true))
 	}
 	h.publish(msgs...)
-	testenv.WaitFor(t, 30*time.Second, "3 firings held back", func() bool { return snoozedTotal(t, w1, w2) == 3 })
+	testenv.WaitFor(t, 30*time.Second, "3 firings held back", func() bool { return notificationsTotal(t, "snoozed", w1, w2) == 3 })
 	if time.Now().After(sn.Until) {
 		t.Fatal("the snooze ended before the firings were held: the machine is too slow for this test")
 	}
@@ -73,7 +73,7 @@ func TestSnoozedRuleSendsNothingThenOneSummary(t *testing.T) {
 		}
 	}
 	waitQuiet(t, func() int { return len(h.webhook.Requests()) }, 4)
-	if n := snoozedTotal(t, w1, w2); n != 3 {
+	if n := notificationsTotal(t, "snoozed", w1, w2); n != 3 {
 		t.Errorf("%d snoozed in the metrics, want 3", n)
 	}
 }
@@ -94,7 +94,7 @@ func TestGroupSnoozeWithoutSummary(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.publish(event(project, "boom", "g1", true), event(project, "boom", "g2", true))
-	testenv.WaitFor(t, 30*time.Second, "g1 held back", func() bool { return snoozedTotal(t, w) == 1 })
+	testenv.WaitFor(t, 30*time.Second, "g1 held back", func() bool { return notificationsTotal(t, "snoozed", w) == 1 })
 	bodies := h.webhookBodies(1)
 	if ev := bodies[0]["event"].(map[string]any); ev["groupHash"] != "g2" {
 		t.Fatalf("sent %v, want g2's firing only", bodies[0])

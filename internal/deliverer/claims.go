@@ -14,7 +14,7 @@ import (
 // A message's claim key records its delivery on a channel: while a
 // deliverer sends it, a claim token (claimTokenPrefix, the deliverer's
 // instance and the delivery tag); then its outcome, "sent", "failed",
-// "digested", "omitted" or "snoozed", for Keep.
+// "digested", "omitted", "snoozed" or "quiet", for Keep.
 
 // claimTokenPrefix starts every claim token, so that a claim is told from
 // an outcome.

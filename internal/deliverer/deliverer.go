@@ -9,8 +9,8 @@
 // within the destination's pace and fairness bounds (fairness.go), and
 // returns an outcome; settle records it, or schedules the retry
 // (schedule.go), or sends the job to the failed queue. Digests (digest.go)
-// and snooze summaries (snooze.go) are messages of their own that go the
-// same way. The Lua scripts and their replies are in scripts.go.
+// snooze summaries (snooze.go) and quiet hours' recaps (quiet.go) are
+// messages of their own that go the same way. The Lua scripts and their replies are in scripts.go.
 package deliverer
 
 import (
@@ -139,6 +139,9 @@ type Config struct {
 	// Keys open the sealed endpoints of jobs (KLAXON_ENDPOINT_KEY); nil
 	// opens clear ones only, and a sealed one fails for good.
 	Keys *seal.Keys
+	// Levels, when set, tells a quiet period's recap which of the groups
+	// it lists are still above a threshold (quiet.go).
+	Levels Levels
 	// Now is the clock the deliverer decides by: when a job may go, when
 	// a retry is due, a destination's circuit [time.Now]. Redis' own
 	// clock keeps minPeriods, as it keeps counts. Tests set their own.
@@ -308,6 +311,8 @@ func (d *Deliverer) handle(ctx context.Context, dl queue.Delivery) error {
 		return d.deliverDigest(ctx, &job, token)
 	case wire.KindSnooze:
 		return d.deliverSummary(ctx, &job, token)
+	case wire.KindQuiet:
+		return d.deliverRecap(ctx, &job, token)
 	}
 	// wire.KindFirings, the kind left once decoded. A job parked past Keep
 	// goes on, to fail for good.

@@ -19,7 +19,8 @@ type Delivery struct {
 	// State is the record of the firing on the channel: "sent", "failed"
 	// (its job is in the failed queue), "digested" (gathered for the
 	// channel's minPeriod digest), "omitted" (counted in a full digest),
-	// "snoozed" (held back while its rule was snoozed), "sending" (a
+	// "snoozed" (held back while its rule was snoozed), "quiet" (held for
+	// its quiet period's recap), "sending" (a
 	// deliverer holds it now), or "" when there is no record: not
 	// delivered yet, or remembered no more (records last 48 h).
 	State string

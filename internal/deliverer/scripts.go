@@ -30,10 +30,20 @@ var holdLua string
 //go:embed sent.lua
 var sentLua string
 
+//go:embed quiet_hold.lua
+var quietHoldLua string
+
+//go:embed quiet_take.lua
+var quietTakeLua string
+
+//go:embed quiet_done.lua
+var quietDoneLua string
+
 // scripts are the deliverer's scripts, loaded once (EVALSHA, falling back
 // to EVAL).
 type scripts struct {
-	gate, flush, drop, hold, sent *redis.Script
+	gate, flush, drop, hold, sent   *redis.Script
+	quietHold, quietTake, quietDone *redis.Script
 }
 
 func newScripts() scripts {
@@ -43,6 +53,10 @@ func newScripts() scripts {
 		drop:  redis.NewScript(dropLua),
 		hold:  redis.NewScript(holdLua),
 		sent:  redis.NewScript(sentLua),
+
+		quietHold: redis.NewScript(quietHoldLua),
+		quietTake: redis.NewScript(quietTakeLua),
+		quietDone: redis.NewScript(quietDoneLua),
 	}
 }
 

@@ -58,19 +58,19 @@ func failure(retry bool, err error) outcome {
 	return o
 }
 
-// admission is what a firing's claim, its rule's snooze and its minPeriod
-// make of it.
+// admission is what a firing's claim, its rule's snooze, its quiet hours
+// and its minPeriod make of it.
 type admission int
 
 const (
 	admitted      admission = iota // claimed by us: send it now
-	settledBefore                  // sent, failed, digested, omitted or snoozed: nothing left to do
+	settledBefore                  // sent, failed, digested, omitted, snoozed or quiet: nothing left to do
 	heldElsewhere                  // another deliverer holds its claim
 )
 
-// admit takes firing f of job through its claim, its rule's snooze (hold)
-// and its rule's minPeriod on the channel (gather), recording what they
-// make of it. admitted leaves the firing claimed, f.Gated set when it
+// admit takes firing f of job through its claim, its rule's snooze (hold),
+// the quiet period it was made in (holdQuiet) and its rule's minPeriod on
+// the channel (gather), recording what they make of it. admitted leaves the firing claimed, f.Gated set when it
 // passed the minPeriod gate; heldElsewhere comes with the wait until the
 // other deliverer's claim expires.
 func (d *Deliverer) admit(ctx context.Context, job *wire.Job, f *wire.Firing, token string) (admission, time.Duration, error) {
@@ -95,6 +95,11 @@ func (d *Deliverer) admit(ctx context.Context, job *wire.Job, f *wire.Firing, to
 	}
 	if held, err := d.hold(ctx, job, f, key, snoozes); held || err != nil {
 		return settledBefore, 0, err
+	}
+	if f.Quiet != nil {
+		if held, err := d.holdQuiet(ctx, job, f, key); held || err != nil {
+			return settledBefore, 0, err
+		}
 	}
 	if f.MinPeriod > 0 && !f.Gated {
 		gathered, omitted, err := d.gather(ctx, job, f)
@@ -134,6 +139,34 @@ func (d *Deliverer) deliverMessage(ctx context.Context, job *wire.Job, keys []st
 	}
 	o.took = time.Since(start)
 	return d.settle(ctx, job, keys, msg, o)
+}
+
+// deliverOnce sends msg, a message of job's own (a snooze's summary, a
+// quiet period's recap), once under claim key, and then runs cleanup:
+// once msg is recorded sent or failed, by this try or an earlier one.
+func (d *Deliverer) deliverOnce(ctx context.Context, job *wire.Job, key, token string, msg *notify.Message,
+	cleanup func(context.Context) error) error {
+	if ok, err := d.settled(ctx, key); ok {
+		if err != nil {
+			return err
+		}
+		return cleanup(ctx)
+	}
+	state, wait, err := d.claim(ctx, key, token)
+	switch {
+	case err != nil:
+		return err
+	case state == done:
+		return cleanup(ctx)
+	case state == busy:
+		return d.schedule(ctx, job, wait, true)
+	}
+	ctx, cancel := withGrace(ctx, sendGrace)
+	defer cancel()
+	if recorded, err := d.deliverMessage(ctx, job, []string{key}, msg); !recorded {
+		return err
+	}
+	return cleanup(ctx)
 }
 
 // send is one attempt of msg, if the job's budgets (its host, address,

@@ -119,33 +119,11 @@ func (d *Deliverer) deliverSummary(ctx context.Context, job *wire.Job, token str
 		return nil // sent and cleaned up by an earlier check, or nothing held
 	}
 	slices.SortFunc(msg.Notifications, cmpTimeThenID)
-	key := d.claimKey(msg.ID + ":" + job.Channel)
 	// Once the summary is recorded, what the snooze held goes.
-	cleanup := func() error {
+	return d.deliverOnce(ctx, job, d.claimKey(msg.ID+":"+job.Channel), token, msg, func(ctx context.Context) error {
 		if err := d.rdb.Del(ctx, heldKey).Err(); err != nil && !errors.Is(err, redis.Nil) {
 			return fmt.Errorf("drop what the snooze of rule %s held: %w", sn.RuleID, err)
 		}
 		return nil
-	}
-	if ok, err := d.settled(ctx, key); ok {
-		if err != nil {
-			return err
-		}
-		return cleanup()
-	}
-	state, wait, err := d.claim(ctx, key, token)
-	switch {
-	case err != nil:
-		return err
-	case state == done:
-		return cleanup()
-	case state == busy:
-		return d.schedule(ctx, job, wait, true)
-	}
-	ctx, cancel := withGrace(ctx, sendGrace)
-	defer cancel()
-	if recorded, err := d.deliverMessage(ctx, job, []string{key}, msg); !recorded {
-		return err
-	}
-	return cleanup()
+	})
 }

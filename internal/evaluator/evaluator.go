@@ -22,6 +22,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
+	"github.com/klaxonhq/klaxon/internal/quiet"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/seal"
 	"github.com/klaxonhq/klaxon/internal/wire"
@@ -109,6 +110,9 @@ type Evaluator struct {
 	Keys    *seal.Keys
 	Log     *slog.Logger
 	Metrics *metrics.Metrics
+	// Now is the clock quiet hours are told by [time.Now]: the wall
+	// clock people keep them by, not the events' times.
+	Now func() time.Time
 
 	// counting lets one batch at a time count: batches of one worker
 	// handled at once (queue.ConsumerConfig.Concurrency) decode, match and
@@ -327,12 +331,17 @@ func (e *Evaluator) startStorms(ctx context.Context, events []counter.Event, msg
 // With Hawk's events database, a firing carries the group's history as the
 // batch read it; a firing of a derived rule is the regression of its rule,
 // sent as that rule's (its id, channels and digests).
+//
+// A firing of a rule in quiet hours carries its quiet period, told by
+// e.Now: the deliverer holds it for the period's recap (docs/contract.md
+// §4.8).
 func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result, groups map[groupKey]hawkdb.Group,
 	regs *regressions, limit int) ([]queue.Message, []tooBig, error) {
 	type destination struct{ channel, endpoint string }
 	var (
 		order []destination
 		to    = make(map[destination][]wire.Firing)
+		now   time.Time
 	)
 	for k := range res.Outcomes {
 		o := &res.Outcomes[k]
@@ -351,12 +360,19 @@ func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result
 		if known {
 			n.History = history(g, &n)
 		}
+		var held *quiet.Span
+		if rule.Quiet != nil {
+			if now.IsZero() {
+				now = e.now()
+			}
+			held = rule.QuietAt(now)
+		}
 		for _, c := range rule.Channels {
 			dest := destination{c.Name, c.Endpoint}
 			if _, ok := to[dest]; !ok {
 				order = append(order, dest)
 			}
-			to[dest] = append(to[dest], wire.Firing{RuleID: rule.ID, MinPeriod: c.MinPeriod.Milliseconds(), Notification: &n})
+			to[dest] = append(to[dest], wire.Firing{RuleID: rule.ID, MinPeriod: c.MinPeriod.Milliseconds(), Notification: &n, Quiet: held})
 		}
 	}
 	jobs := make([]queue.Message, 0, len(order))
@@ -371,6 +387,13 @@ func (e *Evaluator) jobs(ev *counter.Event, m *event.Message, res counter.Result
 		jobs, big = append(jobs, msgs...), append(big, b...)
 	}
 	return jobs, big, nil
+}
+
+func (e *Evaluator) now() time.Time {
+	if e.Now != nil {
+		return e.Now()
+	}
+	return time.Now()
 }
 
 // Notification describes a firing as the webhook body of docs/contract.md §5.1.

@@ -30,6 +30,7 @@ type Metrics struct {
 	// destination or project had every send it may have in flight),
 	// parked (its destination's circuit was open), failed, duplicate,
 	// omitted, snoozed (held back by klaxon snooze; the summary at its
+	// end counts as sent), quiet (held in quiet hours; the recap at their
 	// end counts as sent). Sent counts messages: a digest, or an event's
 	// grouped message, counts once; the others count firings.
 	Notifications *prometheus.CounterVec

@@ -154,6 +154,9 @@ type Message struct {
 	// because the digest was full (the deliverer's digest bounds): every
 	// channel says "and N more".
 	Omitted int64
+	// Quiet makes a digest the recap of a quiet period, of one rule's
+	// firings or several's (RuleID ""); nil for any other message.
+	Quiet *Recap
 }
 
 // Digest is the webhook body of a digest message (docs/contract.md §5.2).
@@ -168,6 +171,9 @@ type Digest struct {
 	// Omitted is how many more firings the digest stands for but does not
 	// list, because it was full; 0 when it lists them all.
 	Omitted int64 `json:"omitted"`
+	// Quiet is set in the recap of a quiet period (its id "quiet-…"),
+	// whose ruleId is "" when it lists several rules' firings.
+	Quiet *Recap `json:"quiet,omitempty"`
 }
 
 // Grouped is the webhook body of a grouped message (docs/contract.md

@@ -178,6 +178,8 @@ func CheckMessage(m *Message) error {
 		return fmt.Errorf("message %s is both a digest and grouped", m.ID)
 	case !m.Digest && !m.Grouped && len(m.Notifications) != 1:
 		return fmt.Errorf("message %s is not a digest but has %d notifications", m.ID, len(m.Notifications))
+	case m.Quiet != nil && !m.Digest:
+		return fmt.Errorf("message %s is a quiet recap but not a digest", m.ID)
 	}
 	return nil
 }
@@ -200,6 +202,9 @@ func Render(m *Message) View {
 	}
 	if m.Grouped && len(v.Items) > 0 {
 		return renderGrouped(m, v, name)
+	}
+	if m.Quiet != nil {
+		return renderRecap(m, v, name)
 	}
 	if !m.Digest && len(v.Items) == 1 {
 		it, n := v.Items[0], m.Notifications[0]

@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/klaxonhq/klaxon/internal/quiet"
 )
 
 // What a rule reacts to (Hawk's whatToReceive).
@@ -61,6 +63,11 @@ type Spec struct {
 	// StormOver asks for a "storm over" message after a SEEN_MORE firing
 	// (package storm); nil leaves it to KLAXON_STORM_OVER.
 	StormOver *bool `json:"stormOver,omitempty" yaml:"stormOver" bson:"stormOver"`
+	// Quiet holds the rule's firings during quiet hours, for one recap
+	// when they end (package quiet); nil takes the project's.
+	Quiet *quiet.Spec `json:"quiet,omitempty" yaml:"quiet" bson:"quiet"`
+	// Critical rules pass through quiet hours, the project's and their own.
+	Critical bool `json:"critical,omitempty" yaml:"critical" bson:"critical"`
 }
 
 // WindowSpec is one sliding window: Threshold events within Period ms, and
@@ -116,6 +123,11 @@ type Rule struct {
 	// StormOver says whether the rule asked for "storm over" messages:
 	// Unset when it did not say (KLAXON_STORM_OVER decides).
 	StormOver Choice
+	// Quiet is the rule's quiet hours, its own or its project's (the
+	// store sets those); nil for none, and for a Critical rule.
+	Quiet *quiet.Schedule
+	// Critical rules pass through quiet hours.
+	Critical bool
 	// Version changes whenever what the counter keeps for the rule would
 	// change meaning (window and spike baseline periods, countBy), so such
 	// an edit starts fresh counters; a threshold or cooldown edit keeps
@@ -141,6 +153,20 @@ func (r *Rule) WantsStormOver(all bool) bool {
 		return false
 	}
 	return r.StormOver == Yes || r.StormOver == Unset && all
+}
+
+// QuietAt is the quiet period during which a firing of the rule at t is
+// held, and nil when it goes at once: outside quiet hours, or a critical
+// rule.
+func (r *Rule) QuietAt(t time.Time) *quiet.Span {
+	if r.Quiet == nil || r.Critical {
+		return nil
+	}
+	sp, ok := r.Quiet.At(t)
+	if !ok {
+		return nil
+	}
+	return &sp
 }
 
 // Window is a sliding window: the rule fires when Threshold matching events
@@ -382,6 +408,18 @@ func (l Limits) Compile(projectID string, s Spec) (*Rule, []string, error) {
 			warnings = append(warnings, "stormOver applies to SEEN_MORE rules only: ignored")
 		case r.Users:
 			warnings = append(warnings, "stormOver is not supported with countBy users (a user's earlier times are not kept): ignored")
+		}
+	}
+	r.Critical = s.Critical
+	if s.Quiet != nil {
+		sc, err := quiet.Compile(*s.Quiet)
+		if err != nil {
+			return nil, nil, err
+		}
+		if r.Critical {
+			warnings = append(warnings, "quiet is ignored: the rule is critical, and passes through quiet hours")
+		} else {
+			r.Quiet = sc
 		}
 	}
 	r.Version = version(r)

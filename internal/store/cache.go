@@ -199,8 +199,10 @@ func (c *Cache) logNewProblems(problems []Problem) {
 		}
 		msg := "rule warning"
 		switch {
-		case p.RuleID == "":
+		case p.RuleID == "" && p.Skipped:
 			msg = "project's rules skipped"
+		case p.RuleID == "":
+			msg = "project warning"
 		case p.Skipped:
 			msg = "rule skipped"
 		}

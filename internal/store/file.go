@@ -21,14 +21,15 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/klaxonhq/klaxon/internal/event"
+	"github.com/klaxonhq/klaxon/internal/quiet"
 	"github.com/klaxonhq/klaxon/internal/rules"
 )
 
 // FileSource reads rules from a YAML file (KLAXON_RULES_FILE): a mapping
 // from project id to that project's list of rules, each with the fields of
 // rules.Spec and a free-form id, or to a mapping in the shape of Hawk's
-// project document, {name: "Shop", notifications: [rules]}, which gives the
-// project the name its messages show:
+// project document, {name: "Shop", quiet: {…}, notifications: [rules]},
+// which gives the project the name its messages show and its quiet hours:
 //
 //	5e3eef0679fa3700a0198a49:
 //	  - id: rule-1
@@ -181,7 +182,8 @@ func parseRulesFile(data []byte) (Specs, error) {
 	if root.Kind != yaml.MappingNode {
 		return Specs{}, fmt.Errorf("line %d: want a mapping from project id to a list of rules", root.Line)
 	}
-	specs := Specs{Projects: map[string][]rules.Spec{}, Lines: map[string][]int{}, Names: map[string]string{}}
+	specs := Specs{Projects: map[string][]rules.Spec{}, Lines: map[string][]int{}, Names: map[string]string{},
+		Quiet: map[string]ProjectQuiet{}}
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		key, value := root.Content[i], root.Content[i+1]
 		projectID := strings.ToLower(key.Value)
@@ -196,15 +198,18 @@ func parseRulesFile(data []byte) (Specs, error) {
 			continue
 		}
 		if value.Kind == yaml.MappingNode {
-			var name string
+			var doc projectMapping
 			var problems []Problem
-			name, value, problems = decodeProjectMapping(projectID, value)
+			doc, value, problems = decodeProjectMapping(projectID, value)
 			specs.Problems = append(specs.Problems, problems...)
-			if name != "" {
-				specs.Names[projectID] = name
+			if doc.name != "" {
+				specs.Names[projectID] = doc.name
 			}
 			if value == nil {
 				continue
+			}
+			if doc.quiet != nil {
+				specs.Quiet[projectID] = *doc.quiet
 			}
 		}
 		list, lines, problems := decodeRuleList(projectID, value)
@@ -215,19 +220,26 @@ func parseRulesFile(data []byte) (Specs, error) {
 	return specs, nil
 }
 
+// projectMapping is what a project given as a mapping says besides its
+// rules.
+type projectMapping struct {
+	name  string
+	quiet *ProjectQuiet // nil: none
+}
+
 // decodeProjectMapping reads a project given as a mapping, the shape of
-// Hawk's project document: {name: …, notifications: [rules]}, and an _id
-// that, when there, must be the key's. It returns the name and the rules'
-// node, nil when the project is skipped.
-func decodeProjectMapping(projectID string, node *yaml.Node) (string, *yaml.Node, []Problem) {
+// Hawk's project document: {name: …, quiet: …, notifications: [rules]},
+// and an _id that, when there, must be the key's. It returns the name and
+// quiet hours, and the rules' node, nil when the project is skipped.
+func decodeProjectMapping(projectID string, node *yaml.Node) (projectMapping, *yaml.Node, []Problem) {
 	var problems []Problem
-	skip := func(line int, reason string) (string, *yaml.Node, []Problem) {
-		return "", nil, append(problems, Problem{ProjectID: projectID, Skipped: true, Line: line, Reason: reason})
+	skip := func(line int, reason string) (projectMapping, *yaml.Node, []Problem) {
+		return projectMapping{}, nil, append(problems, Problem{ProjectID: projectID, Skipped: true, Line: line, Reason: reason})
 	}
 	if mappingValue(node, "notifications") == nil {
 		return skip(node.Line, "want a list of rules, or a mapping with notifications (and a name)")
 	}
-	var name string
+	var doc projectMapping
 	var list *yaml.Node
 	for i := 0; i+1 < len(node.Content); i += 2 {
 		key, value := node.Content[i].Value, node.Content[i+1]
@@ -238,7 +250,11 @@ func decodeProjectMapping(projectID string, node *yaml.Node) (string, *yaml.Node
 					Reason: "name is not a string: ignored"})
 				continue
 			}
-			name = value.Value
+			doc.name = value.Value
+		case "quiet":
+			var p []Problem
+			doc.quiet, p = decodeQuietNode(projectID, value)
+			problems = append(problems, p...)
 		case "notifications":
 			list = value
 		case "_id":
@@ -253,7 +269,28 @@ func decodeProjectMapping(projectID string, node *yaml.Node) (string, *yaml.Node
 				Reason: fmt.Sprintf("unknown field %q ignored", key)})
 		}
 	}
-	return name, list, problems
+	return doc, list, problems
+}
+
+// decodeQuietNode reads a project's quiet hours, nil for none (null); an
+// unknown field in them is a Problem that does not skip them.
+func decodeQuietNode(projectID string, node *yaml.Node) (*ProjectQuiet, []Problem) {
+	if node.Kind == yaml.ScalarNode && node.ShortTag() == "!!null" {
+		return nil, nil
+	}
+	var pq ProjectQuiet
+	if err := node.Decode(&pq.Spec); err != nil {
+		pq.Err = "quiet: " + redactYAML(err.Error())
+		return &pq, nil
+	}
+	var issues fieldIssues
+	issues.walk(node, reflect.TypeFor[quiet.Spec](), "quiet.")
+	var problems []Problem
+	for _, field := range issues.unknown {
+		problems = append(problems, Problem{ProjectID: projectID, Line: field.line,
+			Reason: fmt.Sprintf("unknown field %q ignored", field.path)})
+	}
+	return &pq, problems
 }
 
 // decodeRuleList decodes one project's list of rules, and returns the line

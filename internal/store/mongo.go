@@ -63,12 +63,12 @@ func (s *MongoSource) Close(ctx context.Context) error {
 	return nil
 }
 
-// Load reads the rules of every project that has any. Only _id, name and
-// notifications are fetched: a Hawk project holds secrets of its own (its
+// Load reads the rules of every project that has any. Only _id, name,
+// quiet and notifications are fetched: a Hawk project holds secrets of its own (its
 // integration token) that Klaxon has no use for.
 func (s *MongoSource) Load(ctx context.Context) (Specs, error) {
 	filter := bson.D{{Key: "notifications.0", Value: bson.D{{Key: "$exists", Value: true}}}}
-	projection := bson.D{{Key: "notifications", Value: 1}, {Key: "name", Value: 1}}
+	projection := bson.D{{Key: "notifications", Value: 1}, {Key: "name", Value: 1}, {Key: "quiet", Value: 1}}
 	cursor, err := s.projects.Find(ctx, filter, options.Find().SetProjection(projection))
 	if err != nil {
 		return Specs{}, fmt.Errorf("find projects in %s.%s: %w", s.Database(), s.projects.Name(), err)
@@ -94,7 +94,7 @@ func (s *MongoSource) Load(ctx context.Context) (Specs, error) {
 	if s.last.Digest == digest {
 		return s.last, nil
 	}
-	specs := Specs{Projects: map[string][]rules.Spec{}, Names: map[string]string{}, Digest: digest}
+	specs := Specs{Projects: map[string][]rules.Spec{}, Names: map[string]string{}, Quiet: map[string]ProjectQuiet{}, Digest: digest}
 	for _, doc := range docs {
 		projectID, ruleSpecs, problems := decodeProject(doc)
 		specs.Problems = append(specs.Problems, problems...)
@@ -104,10 +104,27 @@ func (s *MongoSource) Load(ctx context.Context) (Specs, error) {
 			if name, ok := doc.Lookup("name").StringValueOK(); ok && name != "" {
 				specs.Names[projectID] = name
 			}
+			if pq, ok := decodeQuiet(doc.Lookup("quiet")); ok {
+				specs.Quiet[projectID] = pq
+			}
 		}
 	}
 	s.last = specs
 	return specs, nil
+}
+
+// decodeQuiet reads a project's quiet hours (Klaxon's extension of Hawk's
+// project document); ok false when it has none.
+func decodeQuiet(v bson.RawValue) (ProjectQuiet, bool) {
+	if v.Type == 0 || v.Type == bson.TypeNull {
+		return ProjectQuiet{}, false
+	}
+	var pq ProjectQuiet
+	if err := v.Unmarshal(&pq.Spec); err != nil {
+		// The driver names the field and the BSON type, not the value.
+		pq.Err = "decode quiet: " + err.Error()
+	}
+	return pq, true
 }
 
 // decodeProject reads one project document: its id (empty when unusable),

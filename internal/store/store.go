@@ -21,6 +21,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/klaxonhq/klaxon/internal/quiet"
 	"github.com/klaxonhq/klaxon/internal/rules"
 )
 
@@ -40,6 +41,11 @@ type Specs struct {
 	// Names maps a project id to the project's name, for messages; a
 	// project without one is not in it.
 	Names map[string]string
+	// Quiet maps a project id to the project's quiet hours (its
+	// document's `quiet`, a Klaxon extension), which its rules that set
+	// none of their own, and are not critical, take; a project without
+	// them is not in it.
+	Quiet map[string]ProjectQuiet
 	// Problems are projects and rules the source could not read; they are
 	// not in Projects.
 	Problems []Problem
@@ -51,6 +57,13 @@ type Specs struct {
 	// rules, in stored order, so that a Problem can say where the rule is
 	// written; nil when the source has no lines (MongoDB).
 	Lines map[string][]int
+}
+
+// ProjectQuiet is a project's quiet hours as read.
+type ProjectQuiet struct {
+	Spec quiet.Spec
+	// Err says why the field could not be decoded ("" when it could).
+	Err string
 }
 
 // Problem is something wrong with one rule, or one project's rules.
@@ -123,6 +136,7 @@ func CompileWithin(specs Specs, loadedAt time.Time, limits rules.Limits) *Snapsh
 		name := projectName(specs.Names[projectID])
 		over, firstOver, overLine := 0, "", 0
 		lines := specs.Lines[projectID]
+		projectQuiet, quietErr := compileQuiet(specs.Quiet, projectID)
 		for i, spec := range specs.Projects[projectID] {
 			ruleID := spec.ID
 			if ruleID == "" {
@@ -155,6 +169,17 @@ func CompileWithin(specs Specs, loadedAt time.Time, limits rules.Limits) *Snapsh
 					Reason: "another rule of the project has this id", Skipped: true, Line: line})
 				continue
 			}
+			if spec.Quiet == nil && !r.Critical && (projectQuiet != nil || quietErr != "") {
+				// Malformed like a field of the rule's own: the rule is
+				// skipped, critical rules and those with their own quiet
+				// hours keep working.
+				if quietErr != "" {
+					s.problems = append(s.problems, Problem{ProjectID: projectID, RuleID: ruleID,
+						Reason: "the project's quiet hours: " + quietErr, Skipped: true, Line: line})
+					continue
+				}
+				r.Quiet = projectQuiet
+			}
 			seen[r.ID] = true
 			for _, w := range warnings {
 				s.problems = append(s.problems, Problem{ProjectID: projectID, RuleID: ruleID, Reason: w, Line: line})
@@ -171,6 +196,23 @@ func CompileWithin(specs Specs, loadedAt time.Time, limits rules.Limits) *Snapsh
 		}
 	}
 	return s
+}
+
+// compileQuiet compiles a project's quiet hours once for all its rules:
+// the schedule, nil when the project has none, or why it is malformed.
+func compileQuiet(all map[string]ProjectQuiet, projectID string) (*quiet.Schedule, string) {
+	pq, ok := all[projectID]
+	switch {
+	case !ok:
+		return nil, ""
+	case pq.Err != "":
+		return nil, pq.Err
+	}
+	sc, err := quiet.Compile(pq.Spec)
+	if err != nil {
+		return nil, err.Error()
+	}
+	return sc, ""
 }
 
 // Ready is true: a snapshot is rules that were loaded.

@@ -34,6 +34,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/metrics"
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
+	"github.com/klaxonhq/klaxon/internal/quiet"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/seal"
 	"github.com/klaxonhq/klaxon/internal/wire"
@@ -128,9 +129,11 @@ type record struct {
 	First   notify.Notification `json:"first"`
 	History *history            `json:"history"`
 	// Over is the decided message, once the storm ended; Channels are
-	// where it goes, as the rule said then.
+	// where it goes, as the rule said then, and Quiet the rule's quiet
+	// period it is held for then, if any.
 	Over     *notify.Notification `json:"over,omitempty"`
 	Channels []rules.Channel      `json:"channels,omitempty"`
+	Quiet    *quiet.Span          `json:"quiet,omitempty"`
 }
 
 // OverID is the id of the message that ends the storm started by firing
@@ -288,7 +291,7 @@ func (t *Tracker) check(ctx context.Context, id, lease string) error {
 			return err
 		}
 		over := overMessage(&rec, r)
-		rec.Over, rec.Channels = &over, t.sealed(rec.ProjectID, r.Channels)
+		rec.Over, rec.Channels, rec.Quiet = &over, t.sealed(rec.ProjectID, r.Channels), r.QuietAt(ring.Now)
 		// Decided: written before anything is published, so that whoever
 		// publishes it publishes this one message.
 		res, err := t.write(ctx, id, lease, &rec, lease, true, strconv.FormatInt(h.Loud, 10))
@@ -300,7 +303,7 @@ func (t *Tracker) check(ctx context.Context, id, lease string) error {
 			return nil
 		}
 	}
-	msgs, err := wire.Deliveries(t.cfg.DeliveryQueue, rec.ProjectID, &rules.Rule{ID: rec.RuleID, Channels: rec.Channels}, rec.Over)
+	msgs, err := wire.Deliveries(t.cfg.DeliveryQueue, rec.ProjectID, &rules.Rule{ID: rec.RuleID, Channels: rec.Channels}, rec.Over, rec.Quiet)
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/klaxonhq/klaxon/internal/notify"
 	"github.com/klaxonhq/klaxon/internal/queue"
+	"github.com/klaxonhq/klaxon/internal/quiet"
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/snooze"
 )
@@ -36,10 +37,14 @@ const (
 	// KindSnooze sends, once a snooze ended, the summary of what it held
 	// back on the channel.
 	KindSnooze Kind = "snooze"
+	// KindQuiet sends, once a quiet period ended, the recap of the
+	// firings it held for the destination.
+	KindQuiet Kind = "quiet"
 )
 
 // Job is the body of a message on the delivery queue: firings to send, the
-// flush of a digest, or a snooze's summary, as Kind says. It carries the
+// flush of a digest, a snooze's summary or a quiet period's recap, as Kind
+// says. It carries the
 // endpoint itself, so an edit of the rule after the firing does not change
 // where the firing goes.
 type Job struct {
@@ -56,6 +61,8 @@ type Job struct {
 	MinPeriod int64  `json:"minPeriod,omitempty"`
 	// Snooze is a snooze summary's snooze (internal/deliverer/snooze.go).
 	Snooze *snooze.Snooze `json:"snooze,omitempty"`
+	// Quiet is a recap's quiet period (internal/deliverer/quiet.go).
+	Quiet *quiet.Span `json:"quiet,omitempty"`
 	// Attempt counts the sends tried so far.
 	Attempt int `json:"attempt,omitempty"`
 	// Generation is, for a flush, the digest its attempts were spent on: a
@@ -94,6 +101,10 @@ type Firing struct {
 	// of earlier versions, which read it: a retry one of them takes must
 	// not pass the gate again.
 	Gated bool `json:"throttled,omitempty"`
+	// Quiet is the quiet period the firing fell in when it was made: it
+	// is held for the period's recap to its destination. Decided once, by
+	// whoever made the job, so that every try of the job decides alike.
+	Quiet *quiet.Span `json:"quiet,omitempty"`
 }
 
 // Key identifies a firings job's message: its firing on the channel, or
@@ -166,8 +177,10 @@ func DecodeJob(body []byte) (Job, error) {
 		err = j.checkFlush()
 	case KindSnooze:
 		err = j.checkSnooze()
+	case KindQuiet:
+		err = j.checkQuiet()
 	default:
-		err = fmt.Errorf("delivery job's kind %.20q is not one of %s, %s, %s", j.Kind, KindFirings, KindFlush, KindSnooze)
+		err = fmt.Errorf("delivery job's kind %.20q is not one of %s, %s, %s, %s", j.Kind, KindFirings, KindFlush, KindSnooze, KindQuiet)
 	}
 	if err != nil {
 		return Job{}, err
@@ -186,8 +199,8 @@ func (j *Job) checkFirings() error {
 			return fmt.Errorf("delivery job has a firing without ruleId or notification id")
 		}
 	}
-	if j.Snooze != nil || j.RuleID != "" {
-		return fmt.Errorf("firings delivery job also carries a snooze or a ruleId of its own")
+	if j.Snooze != nil || j.RuleID != "" || j.Quiet != nil {
+		return fmt.Errorf("firings delivery job also carries a snooze, a quiet period or a ruleId of its own")
 	}
 	return nil
 }
@@ -197,8 +210,8 @@ func (j *Job) checkFlush() error {
 	if j.RuleID == "" {
 		return fmt.Errorf("delivery job lacks channel, endpoint, projectId or ruleId")
 	}
-	if len(j.Firings) > 0 || j.Snooze != nil {
-		return fmt.Errorf("flush delivery job also carries firings or a snooze")
+	if len(j.Firings) > 0 || j.Snooze != nil || j.Quiet != nil {
+		return fmt.Errorf("flush delivery job also carries firings, a snooze or a quiet period")
 	}
 	return nil
 }
@@ -209,8 +222,20 @@ func (j *Job) checkSnooze() error {
 	if j.RuleID == "" || j.Snooze == nil {
 		return fmt.Errorf("snooze delivery job lacks its ruleId or snooze")
 	}
-	if len(j.Firings) > 0 {
-		return fmt.Errorf("snooze delivery job also carries firings")
+	if len(j.Firings) > 0 || j.Quiet != nil {
+		return fmt.Errorf("snooze delivery job also carries firings or a quiet period")
+	}
+	return nil
+}
+
+// checkQuiet checks a quiet recap: its period, and nothing of the other
+// kinds. A recap is of a destination, not of a rule.
+func (j *Job) checkQuiet() error {
+	if j.Quiet == nil || j.Quiet.Until.IsZero() {
+		return fmt.Errorf("quiet delivery job lacks its quiet period")
+	}
+	if len(j.Firings) > 0 || j.Snooze != nil || j.RuleID != "" {
+		return fmt.Errorf("quiet delivery job also carries firings, a snooze or a ruleId")
 	}
 	return nil
 }
@@ -317,14 +342,15 @@ func FailedRecord(job *Job, ns []notify.Notification) ([]byte, error) {
 }
 
 // Deliveries is notification n as one delivery job per channel of rule,
-// each a message for queue q named by its Key: how the storm tracker's
-// "storm over" messages go out (the evaluator first gathers an event's
-// firings by destination).
-func Deliveries(q, projectID string, rule *rules.Rule, n *notify.Notification) ([]queue.Message, error) {
+// each a message for queue q named by its Key, held for the recap of
+// quiet period span when not nil: how the storm tracker's "storm over"
+// messages go out (the evaluator first gathers an event's firings by
+// destination).
+func Deliveries(q, projectID string, rule *rules.Rule, n *notify.Notification, span *quiet.Span) ([]queue.Message, error) {
 	msgs := make([]queue.Message, 0, len(rule.Channels))
 	for _, c := range rule.Channels {
 		job := Job{Kind: KindFirings, Channel: c.Name, Endpoint: c.Endpoint, ProjectID: projectID,
-			Firings: []Firing{{RuleID: rule.ID, MinPeriod: c.MinPeriod.Milliseconds(), Notification: n}}}
+			Firings: []Firing{{RuleID: rule.ID, MinPeriod: c.MinPeriod.Milliseconds(), Notification: n, Quiet: span}}}
 		msg, err := job.Message(q)
 		if err != nil {
 			return nil, err

@@ -44,7 +44,25 @@ func Grouped(title string, firedAt time.Time) *notify.Message {
 	return &notify.Message{ID: "group-1", ProjectID: a.ProjectID, Grouped: true, Notifications: []notify.Notification{a, b, c}}
 }
 
-// Hostile is a single message, a digest and a grouped message in which
+// Recap is the recap of a quiet period in Berlin that held the firings of
+// Grouped's three rules, the first still above its threshold for its
+// group, for tests of the channels.
+func Recap(title string, firedAt time.Time) *notify.Message {
+	berlin := time.FixedZone("CET", 3600)
+	g := Grouped(title, firedAt)
+	return &notify.Message{ID: "quiet-1", ProjectID: g.ProjectID, Digest: true, Notifications: g.Notifications,
+		Omitted: 2, Quiet: &notify.Recap{
+			Since: time.Date(2026, 1, 7, 22, 0, 0, 0, berlin), Until: time.Date(2026, 1, 8, 7, 0, 0, 0, berlin),
+			Timezone: "Europe/Berlin", Firings: 5, StillAbove: 1,
+			Rules: []notify.RecapRule{
+				{RuleID: g.Notifications[0].RuleID, Firings: 3, StillAbove: []string{g.Notifications[0].Event.GroupHash}},
+				{RuleID: g.Notifications[1].RuleID, Firings: 1, StillAbove: []string{}},
+				{RuleID: g.Notifications[2].RuleID, Firings: 1, StillAbove: []string{}},
+			}}}
+}
+
+// Hostile is a single message, a digest, a grouped message and a quiet
+// recap in which
 // every field that comes from an event or a rule (title, project name, rule
 // id and description, group hash, top frame) tries to mention everyone in a
 // chat (@channel, @all, @here, @someone, Slack's <!channel> and <@U…>) and
@@ -64,7 +82,14 @@ func Hostile(firedAt time.Time) []*notify.Message {
 		g := &grouped.Notifications[i]
 		g.ProjectName, g.RuleID, g.RuleDescription = n.ProjectName, n.RuleID, n.RuleDescription
 	}
-	return []*notify.Message{single, digest, grouped}
+	recap := Recap("TypeError "+bad, firedAt)
+	recap.Notifications = grouped.Notifications
+	recap.Quiet.Timezone = "Europe/" + bad
+	for i := range recap.Quiet.Rules {
+		r := &recap.Quiet.Rules[i]
+		r.RuleID, r.StillAbove = n.RuleID+fmt.Sprint(i), []string{n.Event.GroupHash}
+	}
+	return []*notify.Message{single, digest, grouped, recap}
 }
 
 // Inert reports what in text, a channel's rendering of a Hostile message,

@@ -107,6 +107,9 @@ func text(m *notify.Message, v notify.View) string {
 		n := m.Notifications[0]
 		return code(notify.Truncate(v.Items[0].Title, notify.SubjectTitle)) + " — " + escape(notify.ShortSummary(n))
 	}
+	if m.Quiet != nil {
+		return escape(notify.RecapSummary(m.Quiet))
+	}
 	noun := "notifications"
 	if len(v.Items) == 1 {
 		noun = "notification"

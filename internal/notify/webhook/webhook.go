@@ -69,11 +69,29 @@ func Body(m *notify.Message) any {
 		RuleID:        m.RuleID,
 		Notifications: make([]notify.Notification, len(m.Notifications)),
 		Omitted:       m.Omitted,
+		Quiet:         recap(m.Quiet),
 	}
 	for i, n := range m.Notifications {
 		d.Notifications[i] = normalize(n)
 	}
 	return d
+}
+
+// recap is r with its times in UTC, as every time of a body.
+func recap(r *notify.Recap) *notify.Recap {
+	if r == nil {
+		return nil
+	}
+	c := *r
+	c.Since, c.Until = c.Since.UTC(), c.Until.UTC()
+	c.Rules = make([]notify.RecapRule, len(r.Rules))
+	for i, rr := range r.Rules {
+		if rr.StillAbove == nil {
+			rr.StillAbove = []string{}
+		}
+		c.Rules[i] = rr
+	}
+	return &c
 }
 
 func normalize(n notify.Notification) notify.Notification {
