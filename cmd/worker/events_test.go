@@ -183,13 +183,14 @@ func TestLinksNameTheEventByItsIDInHawksDatabase(t *testing.T) {
 // The group's total in a message is never below the counts it reports
 // beside it: Hawk's count is read through a cache, so the firing of a
 // burst may see the count from before it (here the database still holds
-// 3 when the rule counts its tenth event in a minute).
+// 3 when the rule counts its tenth event in a minute). The group's first
+// occurrence is the burst's first event, which counts at that time.
 func TestHistoryTotalIsNeverBelowTheWindowsCount(t *testing.T) {
 	h := newHarness(t)
 	channels := h.webhookOnly()
 	channels["slack"] = bson.M{"isEnabled": true, "endpoint": h.slack.URL, "minPeriod": 0}
 	project := h.project(rule(bson.M{"whatToReceive": "SEEN_MORE", "threshold": 10, "thresholdPeriod": 60_000, "channels": channels}))
-	testenv.HawkGroup(t, h.db, project, "g-burst", 3, 1700000000, 2, nil)
+	testenv.HawkGroup(t, h.db, project, "g-burst", 3, int32(time.Now().Unix()), 2, nil)
 	h.env["KLAXON_EVENTS_MONGO_URL"] = h.env["KLAXON_MONGO_URL"]
 	h.start()
 
@@ -249,5 +250,60 @@ func TestUsersRuleWithoutUsersIsReportedStarved(t *testing.T) {
 	}
 	if v := w.metric(t, "klaxon_rules_starved_total", "reason", "no_user"); v != 5 {
 		t.Errorf("klaxon_rules_starved_total = %v after events with users, want still 5", v)
+	}
+}
+
+// Behind stock Hawk, whose events carry neither a user nor a time, a
+// countBy users rule fires with Hawk's events database: the group's first
+// event takes its user and time from the group's document, each
+// repetition from its own (the user in the delta the grouper stored, or
+// the first occurrence's where it is the same). Nothing starves. A
+// backlog, here a group's events of hours ago published at once, counts
+// at the times they happened: one user an hour never fires a rule of 3
+// users a minute.
+func TestUsersRuleFiresBehindStockHawkWithItsEventsDatabase(t *testing.T) {
+	h := newHarness(t)
+	users := rule(bson.M{"whatToReceive": "SEEN_MORE", "countBy": "users", "threshold": 3, "thresholdPeriod": 60_000, "channels": h.webhookOnly()})
+	project := h.project(users)
+	now := int32(time.Now().Unix())
+	testenv.HawkGroup(t, h.db, project, "g", 4, now-30, 1, nil)
+	testenv.HawkGroupUser(t, h.db, project, "g", "alice")
+	testenv.HawkGroup(t, h.db, project, "old", 3, now-3*3600, 1, nil)
+	testenv.HawkGroupUser(t, h.db, project, "old", "u0")
+	stock := func(group, repetition string) message {
+		if repetition == "" {
+			return event(project, "TypeError: x is undefined", group, true)
+		}
+		return event(project, "TypeError: x is undefined", group, false, fmt.Sprintf(`"repetitionId":%q`, repetition))
+	}
+	msgs := []message{
+		stock("old", ""),
+		stock("old", testenv.HawkRepetition(t, h.db, project, "old", now-2*3600, testenv.HawkUserDelta("u1"))),
+		stock("old", testenv.HawkRepetition(t, h.db, project, "old", now-3600, testenv.HawkUserDelta("u2"))),
+		stock("g", ""),
+		stock("g", testenv.HawkRepetition(t, h.db, project, "g", now-20, testenv.HawkUserDelta("bob"))),
+		stock("g", testenv.HawkRepetition(t, h.db, project, "g", now-10, `{"context":{"b":[2]}}`)), // alice again
+		stock("g", testenv.HawkRepetition(t, h.db, project, "g", now-5, testenv.HawkUserDelta("carol"))),
+	}
+	h.env["MONGO_EVENTS_DATABASE_URI"] = h.env["KLAXON_MONGO_URL"]
+	w := h.start()
+
+	h.publish(msgs...)
+	b := h.webhookBodies(1)[0]
+	ev, _ := b["event"].(map[string]any)
+	if b["ruleId"] != ruleID(users) || b["countBy"] != "users" || b["count"] != 3.0 || ev["groupHash"] != "g" {
+		t.Errorf("body %v: want the users rule firing for g at its third user", b)
+	}
+	if at, err := time.Parse(time.RFC3339, fmt.Sprint(b["firedAt"])); err != nil || !at.Equal(time.Unix(int64(now-5), 0)) {
+		t.Errorf("firedAt %v: want carol's repetition's time, %v", b["firedAt"], time.Unix(int64(now-5), 0).UTC())
+	}
+	w.waitMetric(t, 30*time.Second, "every event counted", func(v float64) bool { return v == float64(len(msgs)) },
+		"klaxon_events_total", "outcome", "counted")
+	waitQuiet(t, func() int { return len(h.webhook.Requests()) }, 1)
+	if v := w.metric(t, "klaxon_rules_starved_total", "reason", "no_user"); v != 0 {
+		t.Errorf("klaxon_rules_starved_total = %v, want 0: every event has its user from Hawk's documents", v)
+	}
+	if warned := h.logs.logLines("rule starved: its events lack a field it counts by, so it cannot fire on them"); len(warned) != 0 {
+		t.Errorf("starved warnings %v, want none", warned)
 	}
 }

@@ -99,7 +99,10 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 		storms := storm.New(storm.Config{Redis: rdb, Prefix: cfg.Prefix, Rings: engine, Rules: cache, Publisher: pub,
 			DeliveryQueue: wire.DeliveryQueue(cfg.Prefix), Keys: cfg.EndpointKeys(), All: cfg.StormOver, Log: log.With("stage", "storms"), Metrics: m})
 		work = append(work, storms.Run)
-		var groups evaluator.Groups
+		var (
+			groups      evaluator.Groups
+			repetitions evaluator.Repetitions
+		)
 		if cfg.EventsMongoURL != "" {
 			// Optional: the driver connects lazily, and every read is
 			// bounded and cached, so an events database that is down at
@@ -109,7 +112,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 				return fmt.Errorf("%s: %w", config.EnvEventsMongoURL, err)
 			}
 			defer reader.Close(context.Background())
-			groups = reader
+			groups, repetitions = reader, reader
 		} else if strings.Contains(cfg.EventURL, "{eventId}") {
 			log.Info(eventIDUnknown, "fallback", cfg.EventURLFallback)
 		}
@@ -139,6 +142,7 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 				Live:          live,
 				Publisher:     pub,
 				Groups:        groups,
+				Repetitions:   repetitions,
 				DeadQueue:     wire.DeadQueue(cfg.Queue),
 				DeliveryQueue: wire.DeliveryQueue(cfg.Prefix),
 				FailedQueue:   wire.FailedQueue(cfg.Prefix),

@@ -145,7 +145,7 @@ func variables(c *Config) []spec {
 		{name: EnvEventsMongoURL, alias: "MONGO_EVENTS_DATABASE_URI", secret: true, section: SectionEssential, log: logURL,
 			value:   mongoURL(&c.EventsMongoURL, &c.EventsDatabase, "", defaultEventsDB),
 			logAlso: func() slog.Attr { return slog.String("events_database", c.EventsDatabase) },
-			doc:     "Hawk's events database, optional: group history in messages, resolved groups that come back fire as `regressed`, ignored groups stay silent ([rules.md](rules.md#hawks-events-database))."},
+			doc:     "Hawk's events database, optional: group history in messages, resolved groups that come back fire as `regressed`, ignored groups stay silent ([rules.md](rules.md#hawks-events-database)); events without a time or user take Hawk's ([which](rules.md#what-klaxon-reads-from-hawks-events-database))."},
 		{name: EnvRulesFile, section: SectionEssential, value: text(&c.RulesFile, ""),
 			doc: "A YAML rules file, used instead of MongoDB ([rules.md](rules.md#where-rules-live)), at most 64 MiB; a reload reads it again only when its size, times or inode change."},
 		{name: EnvPrefix, section: SectionQueues, value: text(&c.Prefix, "klaxon"), check: checkPrefix,

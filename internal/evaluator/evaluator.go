@@ -80,8 +80,13 @@ type Evaluator struct {
 	Publisher Publisher
 	// Groups, when set, gives messages the group's history, fires
 	// ONLY_NEW rules again for a group that comes back after it was
-	// resolved, and silences groups marked ignored (contract §4.6).
+	// resolved, silences groups marked ignored, and gives isNew events
+	// their first occurrence's time and user (contract §4.6).
 	Groups Groups
+	// Repetitions, when set, gives the events of projects with a countBy
+	// users rule that lack event.user their repetition's user and time
+	// (fromhawk.go).
+	Repetitions Repetitions
 	// DeadQueue receives messages that cannot be used (<queue>.dead).
 	DeadQueue string
 	// DeliveryQueue receives, per event, one job per destination (more
@@ -165,6 +170,7 @@ func (e *Evaluator) Handle(ctx context.Context, b *queue.Batch) error {
 	}
 
 	groups := e.lookupGroups(ctx, pending)
+	e.fromHawk(ctx, pending, groups)
 	var regs regressions
 	for i := range pending {
 		d, m, matcher := pending[i].d, pending[i].m, pending[i].matcher

@@ -26,7 +26,7 @@ import (
 // grouper and hawk.api write it.
 type hawkEvents struct{ db *mongo.Database }
 
-func newHawkEvents(t *testing.T) (*hawkEvents, *hawkdb.Reader) {
+func newHawkEvents(t testing.TB) (*hawkEvents, *hawkdb.Reader) {
 	t.Helper()
 	uri := testenv.Mongo(t)
 	u, err := url.Parse(uri)

@@ -1,12 +1,14 @@
 // Package hawkdb reads Hawk's events database: what the tracker knows of an
-// event group (how often and since when it happens, its top backtrace frame)
-// and the marks people set on it (resolved, ignored). docs/contract.md
-// §4.4 describes the documents as Hawk writes them.
+// event group (how often and since when it happens, its top backtrace
+// frame, its first occurrence's user), the marks people set on it
+// (resolved, ignored), and when and to whom a repetition happened.
+// docs/contract.md §4.6 describes the documents as Hawk writes them.
 //
 // Lookups sit on the evaluator's path, so each is bounded: a Reader answers
-// from a small cache for a few seconds, and a lookup that is slow or fails
-// is remembered as failed for as long, so that a sick database costs one
-// timeout per group and period, never one per event.
+// groups from a small cache for a few seconds, reads a batch's repetitions
+// of a project in one query, and remembers a lookup that is slow or fails
+// as failed for as long, so that a sick database costs one timeout per
+// group (or project) and period, never one per event.
 package hawkdb
 
 import (
@@ -43,6 +45,10 @@ type Group struct {
 	Resolved int64
 	// Ignored reports whether the group is marked ignored.
 	Ignored bool
+	// UserID is the first occurrence's user (payload.user.id), "" when it
+	// has none: the user of the group's isNew event, and of a repetition
+	// whose user Hawk did not store because it is the same (Repetition).
+	UserID string
 }
 
 // ErrNotFound is returned for a group the events database does not hold
@@ -70,6 +76,7 @@ type Reader struct {
 
 	mu    sync.Mutex
 	cache map[key]entry
+	down  map[string]failure // projects whose repetitions failed to read
 }
 
 type key struct{ project, group string }
@@ -98,7 +105,8 @@ func NewReader(url, database string, opt Options) (*Reader, error) {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
-	return &Reader{client: client, db: client.Database(database), opt: opt, cache: make(map[key]entry)}, nil
+	return &Reader{client: client, db: client.Database(database), opt: opt, cache: make(map[key]entry),
+		down: make(map[string]failure)}, nil
 }
 
 // Close disconnects from the database.
@@ -153,6 +161,9 @@ type groupDoc struct {
 	Timestamp  float64       `bson:"timestamp"`
 	Payload    struct {
 		Timestamp float64 `bson:"timestamp"`
+		User      struct {
+			ID bson.RawValue `bson:"id"`
+		} `bson:"user"`
 		Backtrace []struct {
 			File string `bson:"file"`
 			Line int64  `bson:"line"`
@@ -167,7 +178,7 @@ type groupDoc struct {
 var projection = bson.D{
 	{Key: "totalCount", Value: 1}, {Key: "timestamp", Value: 1},
 	{Key: "payload.timestamp", Value: 1}, {Key: "payload.backtrace", Value: 1},
-	{Key: "marks", Value: 1},
+	{Key: "payload.user.id", Value: 1}, {Key: "marks", Value: 1},
 }
 
 func (r *Reader) read(ctx context.Context, projectID, groupHash string) (Group, error) {
@@ -191,6 +202,7 @@ func (r *Reader) read(ctx context.Context, projectID, groupHash string) (Group, 
 		DaysRepeated: days,
 		Resolved:     mark(d.Marks.Resolved),
 		Ignored:      mark(d.Marks.Ignored) != 0,
+		UserID:       userID(d.Payload.User.ID),
 	}
 	// Hawk's grouper writes the first occurrence's time at the top; older
 	// documents have it only in the payload.

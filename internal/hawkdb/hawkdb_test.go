@@ -142,13 +142,7 @@ func TestGroupCachesForTTL(t *testing.T) {
 // A database that does not answer costs one timeout, then the failure is
 // remembered: the evaluator is not held up event after event.
 func TestUnreachableDatabaseFailsFastAndIsRemembered(t *testing.T) {
-	// 192.0.2.1 (TEST-NET-1) is never routed: every connection attempt hangs.
-	r, err := hawkdb.NewReader("mongodb://192.0.2.1:27017/?connectTimeoutMS=10000&serverSelectionTimeoutMS=10000", "hawk_events",
-		hawkdb.Options{Timeout: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close(context.Background()) })
+	r := unreachable(t)
 	start := time.Now()
 	if _, err := r.Group(context.Background(), project, "g1"); err == nil {
 		t.Fatal("lookup in an unreachable database succeeded")
@@ -159,6 +153,20 @@ func TestUnreachableDatabaseFailsFastAndIsRemembered(t *testing.T) {
 	if d := time.Since(start); d > 2*time.Second {
 		t.Errorf("two lookups took %s; want about one 50ms timeout", d)
 	}
+}
+
+// unreachable is a Reader of a database that never answers, with a 50 ms
+// timeout. 192.0.2.1 (TEST-NET-1) is never routed: every connection
+// attempt hangs.
+func unreachable(t *testing.T) *hawkdb.Reader {
+	t.Helper()
+	r, err := hawkdb.NewReader("mongodb://192.0.2.1:27017/?connectTimeoutMS=10000&serverSelectionTimeoutMS=10000", "hawk_events",
+		hawkdb.Options{Timeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close(context.Background()) })
+	return r
 }
 
 // What a lookup costs on the evaluator's path: a cache hit (every event

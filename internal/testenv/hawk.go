@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
@@ -60,4 +61,38 @@ func HawkMark(t testing.TB, db *mongo.Database, project, groupHash, mark string,
 	if _, err := db.Collection("events:"+project).UpdateOne(context.Background(), bson.M{"groupHash": groupHash}, update); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// HawkGroupUser gives a group's first occurrence a user, as the grouper
+// stores the catcher's payload.user ({id, name, ...}).
+func HawkGroupUser(t testing.TB, db *mongo.Database, project, groupHash, userID string) {
+	t.Helper()
+	update := bson.M{"$set": bson.M{"payload.user": bson.M{"id": userID, "name": "User " + userID}}}
+	if _, err := db.Collection("events:"+project).UpdateOne(context.Background(), bson.M{"groupHash": groupHash}, update); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// HawkRepetition writes a repetition of a group into repetitions:<project>
+// as Hawk's grouper writes it: its time (Unix seconds) and delta, the JSON
+// of its difference from the group's first payload ("" for none: the
+// grouper then stores no delta). It returns the document's _id in hex, the
+// repetitionId the grouper publishes.
+func HawkRepetition(t testing.TB, db *mongo.Database, project, groupHash string, at int32, delta string) string {
+	t.Helper()
+	id := bson.NewObjectID()
+	doc := bson.M{"_id": id, "groupHash": groupHash, "timestamp": at}
+	if delta != "" {
+		doc["delta"] = delta
+	}
+	if _, err := db.Collection("repetitions:"+project).InsertOne(context.Background(), doc); err != nil {
+		t.Fatal(err)
+	}
+	return id.Hex()
+}
+
+// HawkUserDelta is the delta the grouper stores for a repetition whose
+// user's id differs from the first occurrence's (and whose context does).
+func HawkUserDelta(userID string) string {
+	return fmt.Sprintf(`{"context":{"b":[2]},"user":{"id":[null,%q],"name":[null,%q]}}`, userID, "User "+userID)
 }
