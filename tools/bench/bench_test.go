@@ -362,6 +362,68 @@ func TestWorkload(t *testing.T) {
 	}
 }
 
+func TestIdlessWorkload(t *testing.T) {
+	o, err := parseFlags([]string{"-workload", "idless", "-groups", "1000", "-events", "40000"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.projects != 100 || o.rules != 5 || o.groups != 1000 || o.events != 40000 || o.newFraction != 0 {
+		t.Fatalf("-workload idless gave %+v", o)
+	}
+	w := newWorkload(o)
+	perGroup := map[int]int{}
+	for i := range o.events {
+		body := w.body(0, i)
+		if string(body) != string(w.body(1, i)) {
+			t.Fatalf("event %d differs between rounds: an idless message has nothing to tell them apart", i)
+		}
+		var raw struct{ Event map[string]any }
+		if err := json.Unmarshal(body, &raw); err != nil {
+			t.Fatalf("event %d: %v", i, err)
+		}
+		for _, absent := range []string{"repetitionId", "timestamp", "isNew"} {
+			if _, ok := raw.Event[absent]; ok {
+				t.Fatalf("event %d has %s: %s", i, absent, body)
+			}
+		}
+		m, err := event.Decode(body)
+		if err != nil || m.Event.RepetitionID != nil || m.Event.GroupHash != w.groupHash(i) {
+			t.Fatalf("event %d %s: %+v, %v", i, body, m, err)
+		}
+		perGroup[w.order[i]]++
+	}
+	// One group in a hundred four times as busy: ten groups of about 4 ×
+	// 40000/1030 = 155 events, the others about 39.
+	busy := 0
+	for _, n := range perGroup {
+		if n > 100 {
+			busy++
+		}
+	}
+	if busy != 10 {
+		t.Errorf("%d busy groups, want 10: %v", busy, perGroup)
+	}
+	msg := (&bench{queue: "q"}).message(w.groupHash(0), w.body(0, 0))
+	if msg.MessageID != "" {
+		t.Errorf("message has id %q", msg.MessageID)
+	}
+	specs := w.ruleSpecs("http://127.0.0.1:1/hook")
+	var got []string
+	for _, s := range specs {
+		got = append(got, fmt.Sprintf("%s %d/%d", s.WhatToReceive, s.Threshold, s.ThresholdPeriod))
+	}
+	want := "SEEN_MORE 60/3600000 SEEN_MORE 80/86400000 SEEN_MORE 100/3600000 SEEN_MORE 120/86400000 SEEN_MORE 140/3600000"
+	if strings.Join(got, " ") != want {
+		t.Errorf("rules %s, want %s", strings.Join(got, " "), want)
+	}
+	for _, args := range [][]string{{"-workload", "idless", "-threshold", "5"}, {"-workload", "idless", "-new", "0.5"},
+		{"-workload", "idless", "-scale"}, {"-workload", "nohawk"}} {
+		if _, err := parseFlags(args, io.Discard); err == nil {
+			t.Errorf("parseFlags(%q) succeeded", args)
+		}
+	}
+}
+
 func TestParseFlags(t *testing.T) {
 	o, err := parseFlags([]string{"-scale", "-events", "5000"}, io.Discard)
 	if err != nil {

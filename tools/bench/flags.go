@@ -41,12 +41,15 @@ type options struct {
 	latencyPublish string
 	probeRate      float64
 	scale          bool
-	json           bool
-	jsonFile       string
-	progress       string
-	pprofFile      string
-	pprofSeconds   int
-	memory         bool // measure Redis memory after the first Klaxon run
+	// workload is the traffic generated: "hawk" (Hawk's messages, Zipf
+	// over the groups) or "idless" (see newWorkload).
+	workload     string
+	json         bool
+	jsonFile     string
+	progress     string
+	pprofFile    string
+	pprofSeconds int
+	memory       bool // measure Redis memory after the first Klaxon run
 	// bigMessages, above 0, asks for the big-messages mode instead of the
 	// throughput run: that many messages of bigMiB MiB, given up on after
 	// bigTimeout (see runBigMessages).
@@ -60,7 +63,7 @@ func defaultOptions() options {
 		workers: []int{1, 2, 3}, queues: []int{1}, systems: []string{"ceiling", "hawk", "klaxon"},
 		amqpURL: "amqp://guest:guest@127.0.0.1:5672/", redisURL: "redis://127.0.0.1:6379/0",
 		latency: 5 * time.Second, latencyPublish: "persistent", probeRate: 200, progress: "auto", pprofSeconds: 5, memory: true,
-		bigMiB: 10, bigTimeout: 5 * time.Minute,
+		bigMiB: 10, bigTimeout: 5 * time.Minute, workload: "hawk",
 	}
 }
 
@@ -89,6 +92,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.Float64Var(&o.latencyRate, "latency-rate", 0, "events/s to publish for the latency measurement; 0 means half the rate just measured")
 	fs.StringVar(&o.latencyPublish, "latency-publish", o.latencyPublish, "how the latency phase publishes: persistent (persistent messages, every one confirmed) or hawk (transient messages without confirms, as Hawk's workers send the notifier's)")
 	fs.BoolVar(&o.scale, "scale", false, "scale run: 1,000 projects × 10 rules, 100,000 groups, 300,000 events, ceiling and Klaxon ×1 (flags given explicitly win)")
+	fs.StringVar(&o.workload, "workload", o.workload, "traffic: hawk (Hawk's messages with repetitionIds, Zipf over the groups, -rules of four kinds) or idless (messages without message-id, repetitionId or timestamp, as producers other than Hawk send; defaults 200,000 events, 100 projects × 5 SEEN_MORE rules, 5,000 groups with 1% of them four times busier; windows of 1 h and 1 day, thresholds 1.5 to 3.5 × the mean events per group; flags given explicitly win)")
 	fs.BoolVar(&o.json, "json", false, "print the results as JSON instead of a table")
 	fs.StringVar(&o.jsonFile, "json-file", "", "also write the results as JSON to this file")
 	fs.StringVar(&o.progress, "progress", o.progress, "progress on stderr: auto (a bar on a terminal, else a line per phase), bar, lines, off")
@@ -121,6 +125,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 				apply()
 			}
 		}
+	}
+	if err := applyWorkload(&o, set); err != nil {
+		return o, err
 	}
 	var err error
 	if o.workers, err = parseInts(*workers); err != nil {
@@ -175,6 +182,37 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("-queue-mode %s: only classic queues have a mode, and KLAXON_QUEUE_TYPE is %s", o.queueMode, o.queueType)
 	}
 	return o, nil
+}
+
+// applyWorkload checks -workload and gives the idless workload its
+// defaults, under the flags given explicitly.
+func applyWorkload(o *options, set map[string]bool) error {
+	switch o.workload {
+	case "hawk":
+		return nil
+	case "idless":
+	default:
+		return fmt.Errorf("-workload %q: want hawk or idless", o.workload)
+	}
+	// Its thresholds follow from the events per group, no group is new,
+	// and -scale is the other workload's.
+	for _, name := range []string{"threshold", "new", "scale"} {
+		if set[name] {
+			return fmt.Errorf("-%s does not apply with -workload idless", name)
+		}
+	}
+	o.newFraction = 0
+	for name, apply := range map[string]func(){
+		"events":   func() { o.events = 200_000 },
+		"projects": func() { o.projects = 100 },
+		"rules":    func() { o.rules = 5 },
+		"groups":   func() { o.groups = 5000 },
+	} {
+		if !set[name] {
+			apply()
+		}
+	}
+	return nil
 }
 
 // bigMessagesFlags are the flags the big-messages mode reads.

@@ -123,6 +123,9 @@ func run(ctx context.Context, o options, stderr io.Writer) (rep *Report, err err
 			QueueMode: o.queueMode, LatencyPublish: o.latencyPublish},
 		Host: Host{Cores: runtime.NumCPU(), LoadStart: loadAverage(), Go: runtime.Version()},
 	}
+	if o.workload != "hawk" {
+		rep.Settings.Workload = o.workload
+	}
 
 	if err := b.makeDir(); err != nil {
 		return nil, err

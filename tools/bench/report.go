@@ -43,6 +43,8 @@ type Settings struct {
 	Latency   string  `json:"latencyDuration"`
 	Prefix    string  `json:"prefix"`
 	QueueMode string  `json:"queueMode,omitempty"` // -queue-mode
+	// Workload is -workload when not Hawk's: "idless".
+	Workload string `json:"workload,omitempty"`
 	// LatencyPublish is how the latency phase published (-latency-publish).
 	LatencyPublish string `json:"latencyPublish"`
 }
@@ -223,6 +225,9 @@ func writeTable(w io.Writer, rep *Report) {
 	mode := ""
 	if s.QueueMode != "" {
 		mode = ", incoming queues " + s.QueueMode
+	}
+	if s.Workload != "" {
+		mode += ", workload " + s.Workload + " (threshold per rule)"
 	}
 	if s.LatencyPublish == "hawk" {
 		mode += ", latency events transient and unconfirmed (as Hawk publishes)"

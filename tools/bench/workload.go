@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 
@@ -27,6 +28,9 @@ type workload struct {
 	rules    int      // per project
 	// threshold of the lowest SEEN_MORE rule; others are multiples.
 	threshold int64
+	// idless: messages without repetitionId or isNew, rules of idlessSpecs.
+	idless bool
+	mean   float64 // events per group
 }
 
 // newWorkload generates events over groups (each group once at least, the
@@ -46,6 +50,12 @@ func newWorkload(o options) *workload {
 		w.hashes[g] = hexHash(o.seed, "group", g)
 	}
 	w.order = make([]int, 0, o.events)
+	if o.workload == "idless" {
+		w.idless, w.mean = true, float64(o.events)/float64(o.groups)
+		w.order = idlessOrder(rng, o.events, o.groups)
+		w.isNew = make([]bool, len(w.order))
+		return w
+	}
 	for g := 0; g < o.groups && len(w.order) < o.events; g++ {
 		w.order = append(w.order, g)
 	}
@@ -68,6 +78,21 @@ func newWorkload(o options) *workload {
 	return w
 }
 
+// idlessOrder draws each of events from groups, one in a hundred of them
+// (at least one) four times as likely as the others, in random order.
+func idlessOrder(rng *rand.Rand, events, groups int) []int {
+	busy := rng.Perm(groups)[:max(groups/100, 1)]
+	order := make([]int, events)
+	for i := range order {
+		x := rng.IntN(groups + 3*len(busy))
+		if x >= groups {
+			x = busy[(x-groups)/3]
+		}
+		order[i] = x
+	}
+	return order
+}
+
 // project is the project a group belongs to.
 func (w *workload) project(group int) string { return w.projects[group%len(w.projects)] }
 
@@ -88,6 +113,11 @@ type hawkEvent struct {
 // so a later round's events are new messages, not duplicates.
 func (w *workload) body(round, i int) []byte {
 	g := w.order[i%len(w.order)]
+	if w.idless {
+		// Neither repetitionId (null or not) nor isNew: a message as a
+		// producer other than Hawk sends it, the same at every round.
+		return marshal(idlessMessage{ProjectID: w.project(g), Event: idlessEvent{Title: w.titles[g], GroupHash: w.hashes[g]}})
+	}
 	m := hawkMessage{ProjectID: w.project(g), Event: hawkEvent{Title: w.titles[g], GroupHash: w.hashes[g]}}
 	if round == 0 && w.isNew[i] {
 		m.Event.IsNew = true // Hawk sends no repetition with a new group
@@ -98,16 +128,27 @@ func (w *workload) body(round, i int) []byte {
 	return marshal(m)
 }
 
+// idlessMessage is a message without an identity: no repetitionId.
+type idlessMessage struct {
+	ProjectID string      `json:"projectId"`
+	Event     idlessEvent `json:"event"`
+}
+
+type idlessEvent struct {
+	Title     string `json:"title"`
+	GroupHash string `json:"groupHash"`
+}
+
 // groupHash is the groupHash of event i of the queue.
 func (w *workload) groupHash(i int) string { return w.hashes[w.order[i%len(w.order)]] }
 
 // marshal encodes a message as Hawk (Node.js) does: without escaping <, >
 // and & as encoding/json would.
-func marshal(m hawkMessage) []byte {
+func marshal(m any) []byte {
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
-	_ = enc.Encode(m) // plain strings and bools: cannot fail
+	_ = enc.Encode(m) // structs of plain strings and bools: cannot fail
 	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
 }
 
@@ -152,6 +193,9 @@ func parseProbeID(s string) (run string, n int, ok bool) {
 //	k%4 == 3: ONLY_NEW "database" (one title in twenty)
 func (w *workload) ruleSpecs(endpoint string) []rules.Spec {
 	webhook := map[string]rules.ChannelSpec{rules.Webhook: {IsEnabled: true, Endpoint: endpoint}}
+	if w.idless {
+		return w.idlessSpecs(webhook)
+	}
 	t := w.threshold
 	specs := make([]rules.Spec, w.rules)
 	for k := range specs {
@@ -169,6 +213,26 @@ func (w *workload) ruleSpecs(endpoint string) []rules.Spec {
 			s.WhatToReceive, s.Including = rules.OnlyNew, []string{"database"}
 		}
 		specs[k] = s
+	}
+	return specs
+}
+
+// idlessSpecs are the idless workload's rules: SEEN_MORE on every title,
+// periods 1 h and 1 day in turn, thresholds from 1.5 to 3.5 × the mean
+// events per group, so that the busy groups fire and the others rarely.
+func (w *workload) idlessSpecs(webhook map[string]rules.ChannelSpec) []rules.Spec {
+	specs := make([]rules.Spec, w.rules)
+	for k := range specs {
+		factor := 1.5
+		if w.rules > 1 {
+			factor += 2 * float64(k) / float64(w.rules-1)
+		}
+		period := int64(3_600_000)
+		if k%2 == 1 {
+			period = 86_400_000
+		}
+		specs[k] = rules.Spec{ID: fmt.Sprintf("rule-%d", k), IsEnabled: true, Channels: webhook, WhatToReceive: rules.SeenMore,
+			Threshold: max(int64(math.Ceil(factor*w.mean)), 1), ThresholdPeriod: period}
 	}
 	return specs
 }
