@@ -2,6 +2,7 @@ package notifytest
 
 import (
 	"crypto/rand"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -47,6 +48,30 @@ func (h *incomingHook[R]) Requests() []R { return h.reqs.all() }
 // after timeout it returns those that did and an error.
 func (h *incomingHook[R]) WaitFor(n int, timeout time.Duration) ([]R, error) {
 	return h.reqs.waitFor(n, timeout)
+}
+
+// HookRequest is what the fakes of chat incoming webhooks record of every
+// POST; each fake's request adds what its payload has of its own.
+type HookRequest struct {
+	Header http.Header
+	Body   []byte // raw JSON
+	Text   string // the payload's "text"
+	Status int    // what the fake answered
+	// Received is when the request arrived, before its body was read.
+	Received time.Time
+}
+
+// take reads a request into req, has answer judge it, and returns the
+// answer to write: answer's, or the next scripted failure in place of a
+// success.
+func (h *incomingHook[R]) take(w http.ResponseWriter, r *http.Request, req *HookRequest, answer func() (int, string)) (int, string) {
+	req.Received = time.Now()
+	req.Header = r.Header.Clone()
+	req.Body, _ = io.ReadAll(r.Body)
+	status, reason := answer()
+	status, reason = h.scripted(w, status, reason)
+	req.Status = status
+	return status, reason
 }
 
 // scripted returns the answer to a request the fake answered with status

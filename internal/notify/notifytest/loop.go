@@ -7,7 +7,6 @@ import (
 	"mime"
 	"net/http"
 	"testing"
-	"time"
 	"unicode/utf8"
 )
 
@@ -24,13 +23,8 @@ type LoopServer struct {
 
 // LoopRequest is one POST the fake received.
 type LoopRequest struct {
-	Header   http.Header
-	Body     []byte // raw JSON
-	Text     string // the payload's "text"
+	HookRequest
 	Username string // the payload's "username"
-	Status   int    // what the fake answered
-	// Received is when the request arrived, before its body was read.
-	Received time.Time
 }
 
 // NewLoopServer starts a fake Loop webhook, closed when the test ends.
@@ -42,12 +36,8 @@ func NewLoopServer(t testing.TB) *LoopServer {
 }
 
 func (s *LoopServer) serve(w http.ResponseWriter, r *http.Request) {
-	received := time.Now()
-	body, _ := io.ReadAll(r.Body)
-	req := LoopRequest{Header: r.Header.Clone(), Body: body, Received: received}
-	status, reason := s.answer(r, &req)
-	status, reason = s.scripted(w, status, reason)
-	req.Status = status
+	var req LoopRequest
+	status, reason := s.take(w, r, &req.HookRequest, func() (int, string) { return s.answer(r, &req) })
 	s.reqs.add(req)
 	if status == http.StatusOK {
 		w.Header().Set("Content-Type", "text/plain")

@@ -6,7 +6,6 @@ import (
 	"mime"
 	"net/http"
 	"testing"
-	"time"
 	"unicode/utf8"
 )
 
@@ -22,13 +21,8 @@ type SlackServer struct {
 
 // SlackRequest is one POST the fake received.
 type SlackRequest struct {
-	Header http.Header
-	Body   []byte           // raw JSON
-	Text   string           // the payload's "text"
+	HookRequest
 	Blocks []map[string]any // the payload's "blocks", decoded
-	Status int              // what the fake answered
-	// Received is when the request arrived, before its body was read.
-	Received time.Time
 }
 
 // NewSlackServer starts a fake Slack webhook, closed when the test ends.
@@ -40,12 +34,8 @@ func NewSlackServer(t testing.TB) *SlackServer {
 }
 
 func (s *SlackServer) serve(w http.ResponseWriter, r *http.Request) {
-	received := time.Now()
-	body, _ := io.ReadAll(r.Body)
-	req := SlackRequest{Header: r.Header.Clone(), Body: body, Received: received}
-	status, reason := s.answer(r, &req)
-	status, reason = s.scripted(w, status, reason)
-	req.Status = status
+	var req SlackRequest
+	status, reason := s.take(w, r, &req.HookRequest, func() (int, string) { return s.answer(r, &req) })
 	s.reqs.add(req)
 	w.Header().Set("Content-Type", "text/html")
 	w.WriteHeader(status)
