@@ -14,6 +14,9 @@ import (
 // LiveGroups bounds the groups a project keeps a counting state for
 // (livegroups.Cap).
 type LiveGroups interface {
+	// AnyFull reports whether some project is over its bound: when none
+	// is, a batch costs no lookup at all.
+	AnyFull() bool
 	// Overflowing says which (project, group)s are to be counted as
 	// livegroups.Overflow; nil when none.
 	Overflowing(ctx context.Context, groups [][2]string) ([]bool, error)
@@ -35,7 +38,7 @@ type overflowed struct {
 // count under livegroups.Overflow without their ONLY_NEW rules.
 func (e *Evaluator) overflow(ctx context.Context, events []counter.Event, regs *regressions) (overflowed, error) {
 	o := overflowed{events: events, counted: events}
-	if e.Live == nil || len(events) == 0 {
+	if e.Live == nil || len(events) == 0 || !e.Live.AnyFull() {
 		return o, nil
 	}
 	groups := make([][2]string, len(events))

@@ -131,6 +131,9 @@ func New(c Config) *Cap {
 		pending: make(map[bucket][]string), projects: make(map[string]*project), expiring: make(map[bucket]bool)}
 }
 
+// AnyFull reports whether this worker found some project full.
+func (c *Cap) AnyFull() bool { return c.cfg.Max > 0 && c.full.Load() > 0 }
+
 // Overflowing returns which of groups, (project, group) pairs of the
 // batch's events, are to be counted as Overflow: those of a full project
 // that have no state. It costs a round trip only when some project is full.
