@@ -95,7 +95,8 @@ func run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 
 	if cfg.Role.Evaluates() {
 		engine := counter.New(rdb, counter.Options{Prefix: cfg.Prefix, DedupTTL: cfg.DedupTTL,
-			GroupsPerCall: cfg.GroupsPerCall, WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout})
+			GroupsPerCall: cfg.GroupsPerCall, WaitReplicas: cfg.WaitReplicas, WaitTimeout: cfg.WaitTimeout,
+			StateCacheBytes: cfg.StateCache})
 		storms := storm.New(storm.Config{Redis: rdb, Prefix: cfg.Prefix, Rings: engine, Rules: cache, Publisher: pub,
 			DeliveryQueue: wire.DeliveryQueue(cfg.Prefix), Keys: cfg.EndpointKeys(), All: cfg.StormOver, Log: log.With("stage", "storms"), Metrics: m})
 		work = append(work, storms.Run)

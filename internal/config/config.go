@@ -65,6 +65,7 @@ type Config struct {
 	MaxHeldBytes    int64         // KLAXON_MAX_HELD_BYTES, of the incoming queue's consumer
 	MaxBatchHold    time.Duration // KLAXON_MAX_BATCH_HOLD, > 0
 	GroupsPerCall   int           // KLAXON_REDIS_GROUPS_PER_CALL, 1..1000
+	StateCache      int64         // KLAXON_STATE_CACHE, bytes; 0 = none
 	DedupTTL        time.Duration // KLAXON_DEDUP_TTL, > 0
 	WaitReplicas    int           // KLAXON_REDIS_WAIT_REPLICAS, 0..16; 0 = no WAIT
 	WaitTimeout     time.Duration // KLAXON_REDIS_WAIT_TIMEOUT, > 0

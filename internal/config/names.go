@@ -29,6 +29,7 @@ const (
 	EnvMaxHeldBytes    = "KLAXON_MAX_HELD_BYTES"
 	EnvMaxBatchHold    = "KLAXON_MAX_BATCH_HOLD"
 	EnvGroupsPerCall   = "KLAXON_REDIS_GROUPS_PER_CALL"
+	EnvStateCache      = "KLAXON_STATE_CACHE"
 	EnvDedupTTL        = "KLAXON_DEDUP_TTL"
 	EnvWaitReplicas    = "KLAXON_REDIS_WAIT_REPLICAS"
 	EnvWaitTimeout     = "KLAXON_REDIS_WAIT_TIMEOUT"

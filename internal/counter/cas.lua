@@ -3,8 +3,8 @@
 -- (the header's last 4 bytes, at state.go's genOffset, filled in when the
 -- script is loaded) unchanged (every write makes a new one, from the last
 -- and the writing batch's token), or the state still missing. A group
--- whose state changed meanwhile is left as it is, for the worker to count
--- with observe.lua.
+-- whose state changed meanwhile is left as it is, and its state answered,
+-- for the worker to count again from.
 --
 -- KEYS   one state key "<base>:s" per group, base being "<prefix>:{…}";
 --        on Cluster then "<base>:m", never written, so that Redis answers
@@ -16,7 +16,8 @@
 --          npages, then npages of: "set" or "append", page key, ids
 --          (pages of ids are written with their state; so their content is
 --          what the worker read as long as the generation is)
--- Reply  per group: 1 stored, 0 changed meanwhile (nothing written)
+-- Reply  per group: 1 stored, or the state now (a string, '' for none):
+--        changed meanwhile, nothing written
 
 local a, out, p, i = ARGV, {}, 2, 0
 while p <= #a do
@@ -40,7 +41,7 @@ while p <= #a do
     end
     out[i] = 1
   else
-    out[i] = 0
+    out[i] = redis.call('GET', key) or ''
   end
   p = q + 1 + 3 * npages
 end

@@ -218,6 +218,11 @@ type Options struct {
 	// (a WAIT cannot follow a pipeline across nodes).
 	WaitReplicas int
 	WaitTimeout  time.Duration
+	// StateCacheBytes bounds the memory that keeps the states this worker
+	// stored, so that counting a group again needs no read of it [0: none].
+	// A state another worker wrote since costs an answer of cas.lua, never
+	// a wrong count.
+	StateCacheBytes int64
 }
 
 // Engine counts events in Redis.
@@ -235,10 +240,14 @@ type Engine struct {
 	waitReplicas  int
 	waitTimeout   time.Duration
 	cas           *redis.Script
+	states        *stateCache // nil: every state is read
 	// scriptOnly counts every group with observe.lua (tests of the script).
 	scriptOnly bool
 	// Groups counted in the worker and stored, and counted by the script.
 	fastGroups, scriptGroups atomic.Int64
+	// Of those counted in the worker: states the cache gave, and states
+	// cas.lua answered changed.
+	cachedStates, changedStates atomic.Int64
 	// Script calls sent again because their slot was migrating (cluster.go).
 	slotRetries atomic.Int64
 }
@@ -272,6 +281,7 @@ func New(rdb redis.UniversalClient, opts Options) *Engine {
 		verbose:       opts.Verbose,
 		waitReplicas:  opts.WaitReplicas,
 		waitTimeout:   opts.WaitTimeout,
+		states:        newStateCache(opts.StateCacheBytes),
 	}
 }
 
@@ -287,9 +297,10 @@ func GroupKey(prefix, projectID, groupHash string) string {
 // in order; an event without rules costs nothing and gets a zero Result.
 //
 // Most groups cost Redis three commands (GET, and GETRANGE and SET in
-// cas.lua, pages of a busy group aside): their states are read, counted
-// into by the worker (state.go) and written back by cas.lua if no other
-// worker wrote them meanwhile. The others (a repeat, a redelivery, users),
+// cas.lua, pages of a busy group aside), two where the state cache holds
+// their state: their states are read, counted into by the worker
+// (state.go) and written back by cas.lua if no other worker wrote them
+// meanwhile (else counted again from the state cas.lua answers). The others (a repeat, a redelivery, users),
 // are counted by observe.lua, atomically, in up to 32 (project, group)s a
 // call, or on Cluster one.
 //

@@ -507,7 +507,7 @@ func TestModelAgreesWithLua(t *testing.T) {
 
 func differential(t *testing.T, rdb redis.UniversalClient, streams int, seed uint64) {
 	ctx := context.Background()
-	var fast, script int64
+	var fast, script, cached, changed int64
 	var sp spikes
 	for s := range streams {
 		rng := rand.New(rand.NewPCG(seed, uint64(s)))
@@ -522,6 +522,18 @@ func differential(t *testing.T, rdb redis.UniversalClient, streams int, seed uin
 		if s%4 == 3 {
 			// Groups of more events go to the script in chunks.
 			e.eventsPerCall = 1 + s%5
+		}
+		// Every third stream's batches go in turn to three workers with
+		// state caches (some too small to hold a group's state for long),
+		// each cache made stale by the two others' writes.
+		engines, batches := []*Engine{e}, 0
+		if s%3 == 2 {
+			engines = nil
+			for k := range 3 {
+				w := New(rdb, Options{Verbose: verbose, Prefix: e.prefix, StateCacheBytes: int64(300 << (4 * k))})
+				w.eventsPerCall = e.eventsPerCall
+				engines = append(engines, w)
+			}
 		}
 		model := NewModel()
 		var rs []*rules.Rule
@@ -578,7 +590,8 @@ func differential(t *testing.T, rdb redis.UniversalClient, streams int, seed uin
 					Rules:     matched,
 				}
 			}
-			got, err := e.ObserveBatch(ctx, 0, batch)
+			got, err := engines[batches%len(engines)].ObserveBatch(ctx, 0, batch)
+			batches++
 			if err != nil {
 				t.Fatalf("stream %d: %v", s, err)
 			}
@@ -616,10 +629,17 @@ func differential(t *testing.T, rdb redis.UniversalClient, streams int, seed uin
 		if e.scriptOnly && e.fastGroups.Load() != 0 {
 			t.Fatalf("stream %d: groups counted in the worker with scriptOnly", s)
 		}
-		fast, script = fast+e.fastGroups.Load(), script+e.scriptGroups.Load()
+		for _, w := range engines {
+			fast, script = fast+w.fastGroups.Load(), script+w.scriptGroups.Load()
+			cached, changed = cached+w.cachedStates.Load(), changed+w.changedStates.Load()
+		}
 	}
 	if fast == 0 || script == 0 {
 		t.Fatalf("groups counted in the worker %d, by the script %d: want both paths tried", fast, script)
+	}
+	t.Logf("states from a cache: %d, answered changed by cas.lua: %d", cached, changed)
+	if streams >= 30 && (cached == 0 || changed == 0) {
+		t.Fatalf("states from a cache %d, answered changed %d: want both paths tried", cached, changed)
 	}
 	t.Logf("spike windows over their threshold: %d reached, %d held back", sp.reached, sp.held)
 	if streams >= 100 && (sp.reached == 0 || sp.held == 0) {

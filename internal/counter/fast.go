@@ -10,51 +10,102 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// observeFast counts, in the worker, the groups it can: it reads their
-// states (and Redis' clock) in one round trip, and the pages of ids busy
-// groups need in another, counts each group's events into its state as
-// observe.lua would, and stores the states with cas.lua. It returns the
-// groups left for observe.lua: those with an event that repeats or was
-// redelivered, a rule that counts users, and those another worker wrote in
-// between.
+// observeFast counts, in the worker, the groups it can: it takes their
+// states from what it stored last (stateCache) or reads them, with Redis'
+// clock, in one round trip, and the pages of ids busy groups need in
+// another, counts each group's events into its state as observe.lua would,
+// and stores the states with cas.lua. A group another worker wrote in
+// between is counted again from the state cas.lua answers, and stored
+// once more. It returns the groups left for observe.lua: those with an
+// event that repeats or was redelivered, a rule that counts users, and
+// those written by someone else twice.
 func (e *Engine) observeFast(ctx context.Context, b *batch, groups []*group) (slow []*group, err error) {
 	var fast []*group
 	for _, g := range groups {
 		if e.fastCandidate(b, g) {
 			fast = append(fast, g)
 		} else {
+			e.states.drop(g.base) // observe.lua writes it
 			slow = append(slow, g)
 		}
 	}
 	if len(fast) == 0 {
 		return slow, nil
 	}
+	raws, now, err := e.readStates(ctx, fast)
+	if err != nil {
+		return nil, err
+	}
+	slot := now / e.dedupTTL
+	counted, rest, err := e.countGroups(ctx, b, fast, raws, now, slot)
+	if err != nil {
+		return nil, err
+	}
+	slow = append(slow, rest...)
+	for try := 0; len(counted) > 0; try++ {
+		changed, states, err := e.storeStates(ctx, b, counted, slot)
+		if err != nil {
+			return nil, err
+		}
+		if try == 1 || len(changed) == 0 {
+			// Written by another worker twice in a row: a busy group
+			// shared by several; the script counts it where it lies.
+			return append(slow, changed...), nil
+		}
+		if counted, rest, err = e.countGroups(ctx, b, changed, states, now, slot); err != nil {
+			return nil, err
+		}
+		slow = append(slow, rest...)
+	}
+	return slow, nil
+}
+
+// readStates returns the state strings of groups (nil for none) and
+// Redis' clock (ms): from the cache where it has them, else read.
+func (e *Engine) readStates(ctx context.Context, groups []*group) ([][]byte, int64, error) {
+	raws := make([][]byte, len(groups))
 	var clock *redis.TimeCmd
-	gets := make([]*redis.StringCmd, len(fast))
-	_, err = e.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	gets := make([]*redis.StringCmd, len(groups))
+	_, err := e.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		clock = p.Time(ctx)
-		for i, g := range fast {
-			gets[i] = p.Get(ctx, g.base+":s")
+		for i, g := range groups {
+			var ok bool
+			if raws[i], ok = e.states.get(g.base); ok {
+				e.cachedStates.Add(1)
+			} else {
+				gets[i] = p.Get(ctx, g.base+":s")
+			}
 		}
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("read %d group states: %w", len(fast), err)
+		return nil, 0, fmt.Errorf("read %d group states: %w", len(groups), err)
 	}
-	now := clock.Val().UnixMilli()
-	slot := now / e.dedupTTL
-	states := make([]*groupState, len(fast))
-	var pageKeys []string
-	for i, g := range fast {
+	for i, g := range groups {
+		if gets[i] == nil {
+			continue
+		}
 		raw, err := gets[i].Bytes()
 		if err != nil && !errors.Is(err, redis.Nil) {
-			return nil, fmt.Errorf("read state of %s: %w", g.base, err)
+			return nil, 0, fmt.Errorf("read state of %s: %w", g.base, err)
 		}
+		raws[i] = raw
+	}
+	return raws, clock.Val().UnixMilli(), nil
+}
+
+// countGroups counts each group's events into its state string raws[i],
+// reading the pages of ids they need first. It returns the groups counted,
+// ready for storeStates, and those the script must count.
+func (e *Engine) countGroups(ctx context.Context, b *batch, groups []*group, raws [][]byte, now, slot int64) (counted, slow []*group, err error) {
+	states := make([]*groupState, len(groups))
+	var pageKeys []string
+	for i, g := range groups {
 		g.gen = ""
-		if len(raw) > genOffset {
+		if raw := raws[i]; len(raw) > genOffset {
 			g.gen = string(raw[genOffset:min(genOffset+4, len(raw))])
 		}
-		states[i] = decodeState(raw, now, slot)
+		states[i] = decodeState(raws[i], now, slot)
 		pageKeys = append(pageKeys, states[i].pagesToRead(g.base, newIDs(b, g))...)
 	}
 	// Busy groups keep their ids in pages: read those the batch needs, in
@@ -62,23 +113,28 @@ func (e *Engine) observeFast(ctx context.Context, b *batch, groups []*group) (sl
 	// write of a page comes with one of its state.
 	pages, err := e.readPages(ctx, pageKeys)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var counted []*group
-	for i, g := range fast {
+	for i, g := range groups {
 		if e.countGroup(b, g, states[i], pages, now, slot) {
 			counted = append(counted, g)
 		} else {
+			e.states.drop(g.base)
 			slow = append(slow, g)
 		}
 	}
-	if len(counted) == 0 {
-		return slow, nil
-	}
+	return counted, slow, nil
+}
+
+// storeStates stores what countGroups made of groups with cas.lua and
+// keeps each stored state in the cache. It returns the groups whose state
+// had changed since it was read (nothing of them written, their events'
+// results cleared) with the state each has now.
+func (e *Engine) storeStates(ctx context.Context, b *batch, groups []*group, slot int64) (changed []*group, current [][]byte, err error) {
 	var calls []*call
-	for lo := 0; lo < len(counted); lo += e.groupsPerCall {
+	for lo := 0; lo < len(groups); lo += e.groupsPerCall {
 		c := &call{}
-		for _, g := range counted[lo:min(lo+e.groupsPerCall, len(counted))] {
+		for _, g := range groups[lo:min(lo+e.groupsPerCall, len(groups))] {
 			c.parts = append(c.parts, part{g: g, events: g.events, token: b.token})
 		}
 		c.args = []any{(slot + 2) * e.dedupTTL}
@@ -93,28 +149,36 @@ func (e *Engine) observeFast(ctx context.Context, b *batch, groups []*group) (sl
 		calls = append(calls, c)
 	}
 	if err := e.eval(ctx, e.cas, calls); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for _, c := range calls {
-		stored, err := c.cmd.Int64Slice()
+		answers, err := c.cmd.Slice()
 		if err != nil {
-			return nil, fmt.Errorf("store states from %s: %w", c.keys[0], err)
+			return nil, nil, fmt.Errorf("store states from %s: %w", c.keys[0], err)
 		}
-		if len(stored) != len(c.parts) {
-			return nil, fmt.Errorf("store states from %s: %d answers for %d groups", c.keys[0], len(stored), len(c.parts))
+		if len(answers) != len(c.parts) {
+			return nil, nil, fmt.Errorf("store states from %s: %d answers for %d groups", c.keys[0], len(answers), len(c.parts))
 		}
 		for i, p := range c.parts {
-			if g := p.g; stored[i] != 1 {
-				// Another worker wrote the state meanwhile: count again,
-				// in the script, from the state as it is now.
+			g := p.g
+			switch a := answers[i].(type) {
+			case int64:
+				e.states.put(g.base, g.state)
+			case string:
+				// Another worker wrote the state meanwhile: a is
+				// the state now, to count again from.
 				for _, ev := range g.events {
 					b.results[ev] = Result{}
 				}
-				slow = append(slow, g)
+				e.states.drop(g.base)
+				e.changedStates.Add(1)
+				changed, current = append(changed, g), append(current, []byte(a))
+			default:
+				return nil, nil, fmt.Errorf("store state of %s: answer %T", g.base, a)
 			}
 		}
 	}
-	return slow, nil
+	return changed, current, nil
 }
 
 // fastCandidate reports whether a group's events may be counted in the

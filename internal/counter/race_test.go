@@ -14,8 +14,16 @@ import (
 
 // Eight workers, each with its own Redis connection, hammer the same groups
 // in random interleavings: every event is counted once, and each crossing
-// fires exactly once, with one id.
+// fires exactly once, with one id. With state caches, every worker's cached
+// states go stale under the others' writes, and are counted again from the
+// state cas.lua answers.
 func TestConcurrentWorkersFireOnce(t *testing.T) {
+	for _, cache := range []int64{0, 1 << 20} {
+		t.Run(fmt.Sprint("cache=", cache), func(t *testing.T) { concurrentWorkers(t, cache) })
+	}
+}
+
+func concurrentWorkers(t *testing.T, cache int64) {
 	rdb := testRedis(t)
 	prefix := testPrefix(t, rdb)
 	threshold := mustRule(t, seenMore(rules.WindowSpec{Threshold: 400, Period: 3_600_000}))
@@ -27,13 +35,19 @@ func TestConcurrentWorkersFireOnce(t *testing.T) {
 	firings := map[string]int{} // rule:group -> firings
 	ids := map[string]int{}
 	var wg sync.WaitGroup
+	var cached, changed int64
 	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			client := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr, DB: rdb.Options().DB})
 			defer client.Close()
-			e := New(client, Options{Verbose: true, Prefix: prefix})
+			e := New(client, Options{Verbose: true, Prefix: prefix, StateCacheBytes: cache})
+			defer func() {
+				mu.Lock()
+				cached, changed = cached+e.cachedStates.Load(), changed+e.changedStates.Load()
+				mu.Unlock()
+			}()
 			for b := 0; b < perWorker; b += batch {
 				evs := make([]Event, batch)
 				for i := range evs {
@@ -63,6 +77,10 @@ func TestConcurrentWorkersFireOnce(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	t.Logf("states from the cache: %d, answered changed by cas.lua: %d", cached, changed)
+	if cache > 0 && (cached == 0 || changed == 0) {
+		t.Errorf("states from the cache %d, answered changed %d: want both paths tried", cached, changed)
+	}
 	// Each group gets 400 events: the threshold rule crosses once per group.
 	for g := range groups {
 		for k, name := range []string{"threshold", "ONLY_NEW"} {
