@@ -72,13 +72,17 @@ type Result struct {
 	Kills         int    `json:"kills"`
 	Fault         string `json:"fault,omitempty"`
 	Faults        int    `json:"faults"` // failovers or reshards injected
-	WaitReplicas  int    `json:"waitReplicas"`
-	InFlight      int    `json:"batchesInFlight,omitempty"`
-	Starts        int    `json:"starts"`
-	Expected      int    `json:"expected"`
-	Received      int    `json:"received"` // webhook requests
-	Missed        int    `json:"missed"`   // expected ids never received
-	Extra         int    `json:"extra"`    // received ids not expected
+	// MasterChanges is how many times the sentinels changed the master
+	// during the chaos phase (failover); above Faults, they failed over by
+	// themselves too: a second failure, outside what WAIT covers.
+	MasterChanges int `json:"masterChanges,omitempty"`
+	WaitReplicas  int `json:"waitReplicas"`
+	InFlight      int `json:"batchesInFlight,omitempty"`
+	Starts        int `json:"starts"`
+	Expected      int `json:"expected"`
+	Received      int `json:"received"` // webhook requests
+	Missed        int `json:"missed"`   // expected ids never received
+	Extra         int `json:"extra"`    // received ids not expected
 	// Repeats counts the copies beyond the first of expected ids.
 	Repeats int `json:"repeats"`
 	// RepeatsAfterKill counts the repeats whose previous copy came from a
@@ -344,6 +348,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		res.Faults, err = faults(kctx, fault, cfg.FaultEvery, f.faulted, log)
 		killerDone <- err
 	}()
+	// Master changes are counted from the first fault to the end of the
+	// settle phase: a second failover in any of it may lose writes.
+	masterChanges := func() int { return 0 }
+	if fo, ok := fault.(*failover); ok {
+		masterChanges = fo.watch(ctx)
+	}
 	pubErr := b.publish(ctx, res.Queue, p.Messages, cfg.Rate)
 	res.Publish = time.Since(chaosStart)
 	if pubErr == nil {
@@ -368,6 +378,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	work := append([]string{res.Queue, qs.deliveries, qs.bulk}, qs.retries...)
 	res.Unsettled = settle(ctx, f, b, s, work, cfg.Quiet, log)
 	res.Settle = time.Since(settleStart)
+	res.MasterChanges = masterChanges()
 
 	res.Starts, res.Kills, res.UnexpectedExits = f.counts()
 	compare(res, p, s.requests(), f)

@@ -85,6 +85,36 @@ func faults(ctx context.Context, f faulter, every time.Duration, record func(fro
 // failover can happen and a WAIT for one replica can succeed.
 type failover struct{ opts *redis.FailoverOptions }
 
+// watch counts the master changes the first sentinel announces
+// (+switch-master) until stop, which returns the count. A planned failover
+// is one; more are failovers no one asked for: a master taken for dead,
+// a second failure.
+func (f *failover) watch(ctx context.Context) (stop func() int) {
+	ctx, cancel := context.WithCancel(ctx)
+	c := f.sentinel(f.opts.SentinelAddrs[0])
+	sub := c.Subscribe(ctx, "+switch-master")
+	n, end := 0, make(chan struct{})
+	go func() {
+		defer close(end)
+		for {
+			if _, err := sub.ReceiveMessage(ctx); err != nil {
+				if pause(ctx, 100*time.Millisecond) != nil {
+					return
+				}
+				continue
+			}
+			n++
+		}
+	}()
+	return func() int {
+		cancel()
+		<-end
+		_ = sub.Close()
+		_ = c.Close()
+		return n
+	}
+}
+
 func (f *failover) sentinel(addr string) *redis.SentinelClient {
 	return redis.NewSentinelClient(&redis.Options{Addr: addr, Username: f.opts.SentinelUsername,
 		Password: f.opts.SentinelPassword, TLSConfig: f.opts.TLSConfig, MaxRetries: -1})

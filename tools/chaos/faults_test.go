@@ -26,6 +26,10 @@ func TestChaosSentinelFailovers(t *testing.T) {
 	wait := envInt(t, "KLAXON_TEST_CHAOS_WAIT", 1)
 	res := runFaults(t, Config{Fault: FaultFailover, RedisURL: s.URL(), WaitReplicas: wait,
 		FaultEvery: time.Second, KillEvery: time.Second})
+	t.Logf("%d planned failovers; the sentinels changed the master %d times", res.Faults, res.MasterChanges)
+	if res.MasterChanges < res.Faults {
+		t.Errorf("the sentinels announced %d master changes for %d planned failovers: the watch missed some", res.MasterChanges, res.Faults)
+	}
 	if wait > 0 && !res.OK() {
 		t.Errorf("with WAIT for %d replica: the run is not OK (%d missed, %d extra, %d repeats of which %d after a kill)",
 			wait, res.Missed, res.Extra, res.Repeats, res.RepeatsAfterKill)

@@ -92,6 +92,10 @@ func printTable(w io.Writer, r *Result) {
 		r.Publish.Round(100*time.Millisecond), r.Chaos.Round(100*time.Millisecond), r.Settle.Round(100*time.Millisecond))
 	if r.Fault != "" {
 		fmt.Fprintf(w, "Redis faults: %d × %s, workers waiting for %d replicas\n", r.Faults, r.Fault, r.WaitReplicas)
+		if r.MasterChanges > r.Faults {
+			fmt.Fprintf(w, "the sentinels changed the master %d times, %d of them by themselves: a master taken for dead right after a failover is a second failure, which one replica cannot cover\n",
+				r.MasterChanges, r.MasterChanges-r.Faults)
+		}
 	}
 	if r.InFlight > 0 {
 		fmt.Fprintf(w, "workers with %d batches in flight\n", r.InFlight)
