@@ -203,9 +203,10 @@ type Options struct {
 	// forgotten within twice that. A message redelivered later counts again.
 	DedupTTL time.Duration
 	// GroupsPerCall is how many (project, group)s one script call counts
-	// on a single node or Sentinel [32]. Such a call touches keys of several
-	// hash slots: set 1 behind a proxy that routes commands by key. On
-	// Cluster (and Ring) it is always 1.
+	// on a single node or Sentinel [32], and a cas.lua call stores eight
+	// times as many. Such a call touches keys of several hash slots: set 1
+	// behind a proxy that routes commands by key. On Cluster (and Ring) it
+	// is always 1.
 	GroupsPerCall int
 	// Verbose reports every rule's outcome with its counts, not only the
 	// firings: for tests and tools; it makes replies larger.
@@ -234,6 +235,10 @@ type Engine struct {
 	// groupsPerCall is Options.GroupsPerCall, 1 where keys of different
 	// hash slots may live on different nodes.
 	groupsPerCall int
+	// storesPerCall bounds the groups of one cas.lua call: storing costs
+	// Redis a fraction of counting, so eight times groupsPerCall, but 1
+	// where a call must keep to one hash slot.
+	storesPerCall int
 	// eventsPerCall bounds a group's events in one observe.lua call.
 	eventsPerCall int
 	verbose       bool
@@ -277,12 +282,20 @@ func New(rdb redis.UniversalClient, opts Options) *Engine {
 		prefix:        opts.Prefix,
 		dedupTTL:      opts.DedupTTL.Milliseconds(),
 		groupsPerCall: opts.GroupsPerCall,
+		storesPerCall: storesPerCall(opts.GroupsPerCall),
 		eventsPerCall: 32,
 		verbose:       opts.Verbose,
 		waitReplicas:  opts.WaitReplicas,
 		waitTimeout:   opts.WaitTimeout,
 		states:        newStateCache(opts.StateCacheBytes),
 	}
+}
+
+func storesPerCall(groupsPerCall int) int {
+	if groupsPerCall == 1 {
+		return 1
+	}
+	return 8 * groupsPerCall
 }
 
 // GroupKey is the base of every Redis key of a (project, group): a hash of

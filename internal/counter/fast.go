@@ -132,9 +132,9 @@ func (e *Engine) countGroups(ctx context.Context, b *batch, groups []*group, raw
 // results cleared) with the state each has now.
 func (e *Engine) storeStates(ctx context.Context, b *batch, groups []*group, slot int64) (changed []*group, current [][]byte, err error) {
 	var calls []*call
-	for lo := 0; lo < len(groups); lo += e.groupsPerCall {
+	for lo := 0; lo < len(groups); lo += e.storesPerCall {
 		c := &call{}
-		for _, g := range groups[lo:min(lo+e.groupsPerCall, len(groups))] {
+		for _, g := range groups[lo:min(lo+e.storesPerCall, len(groups))] {
 			c.parts = append(c.parts, part{g: g, events: g.events, token: b.token})
 		}
 		c.args = []any{(slot + 2) * e.dedupTTL}

@@ -57,7 +57,7 @@ func (s *scriptCalls) count(cmd redis.Cmder) {
 // 1,000, as a worker draining a backlog makes them. Every group is
 // counted in the worker, every delivery counts, identical bodies in one
 // batch included, and the script calls a batch makes are cas.lua's, one per
-// 32 groups: none is observe.lua's.
+// 256 groups: none is observe.lua's.
 func TestIdlessStreamCountsOnTheFastPath(t *testing.T) {
 	const (
 		projects, nrules, groups = 100, 5, 5000
@@ -107,7 +107,7 @@ func TestIdlessStreamCountsOnTheFastPath(t *testing.T) {
 			evs[i] = Event{ProjectID: fmt.Sprintf("%024x", p), GroupHash: fmt.Sprintf("%064x", g), Rules: ruleSets[p],
 				Body: fmt.Appendf(nil, `{"projectId":"%024x","event":{"title":"Error [%d]","groupHash":"%064x"}}`, p, g, g)}
 		}
-		wantCAS += int64((len(inBatch) + e.groupsPerCall - 1) / e.groupsPerCall)
+		wantCAS += int64((len(inBatch) + e.storesPerCall - 1) / e.storesPerCall)
 		res, err := e.ObserveBatch(ctx, 0, evs)
 		if err != nil {
 			t.Fatal(err)
@@ -129,6 +129,9 @@ func TestIdlessStreamCountsOnTheFastPath(t *testing.T) {
 		t.Errorf("%d groups, %d calls went to observe.lua", script, calls.nObserve.Load())
 	}
 	if calls.nCAS.Load() != wantCAS {
-		t.Errorf("%d cas.lua calls, want %d (one per %d groups of a batch)", calls.nCAS.Load(), wantCAS, e.groupsPerCall)
+		t.Errorf("%d cas.lua calls, want %d (one per %d groups of a batch)", calls.nCAS.Load(), wantCAS, e.storesPerCall)
+	}
+	if share := float64(calls.nCAS.Load()+calls.nObserve.Load()) / (batches * batchSize); share > 0.005 {
+		t.Errorf("script calls are %.2f%% of events: want at most 0.5%%", 100*share)
 	}
 }
