@@ -3,9 +3,7 @@ package evaluator
 import (
 	"context"
 	"sync"
-	"time"
 
-	"github.com/klaxonhq/klaxon/internal/event"
 	"github.com/klaxonhq/klaxon/internal/hawkdb"
 	"github.com/klaxonhq/klaxon/internal/rules"
 )
@@ -48,7 +46,7 @@ func (e *Evaluator) fromHawk(ctx context.Context, pending []pendingEvent, groups
 			continue // never counted
 		case ev.IsNew:
 			if known {
-				fill(ev, g.FirstSeen, g.UserID)
+				ev.Fill(g.FirstSeen, g.UserID)
 			}
 			continue
 		}
@@ -96,21 +94,8 @@ func (e *Evaluator) fromHawk(ctx context.Context, pending []pendingEvent, groups
 			}
 			// A repetition of the first occurrence's user needs the
 			// group's document; without it the user is unknown.
-			fill(ev, rep.Time, rep.User(groups[groupKey{project, ev.GroupHash}]))
+			ev.Fill(rep.Time, rep.User(groups[groupKey{project, ev.GroupHash}]))
 		}
-	}
-}
-
-// fill gives ev the time and user it lacks, where known.
-func fill(ev *event.Event, at time.Time, userID string) {
-	if ev.Timestamp == nil && !at.IsZero() {
-		// Hawk's times are whole seconds, or milliseconds at most:
-		// event.Time gives them back exactly.
-		ts := float64(at.UnixMilli()) / 1000
-		ev.Timestamp = &ts
-	}
-	if ev.UserID() == "" && userID != "" {
-		ev.User = &event.User{ID: userID}
 	}
 }
 

@@ -3,14 +3,11 @@ package evaluator_test
 import (
 	"context"
 	"fmt"
-	"net/url"
-	"strings"
 	"testing"
 	"time"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
-	"go.mongodb.org/mongo-driver/v2/mongo/options"
 
 	"github.com/klaxonhq/klaxon/internal/counter"
 	"github.com/klaxonhq/klaxon/internal/evaluator"
@@ -28,25 +25,15 @@ type hawkEvents struct{ db *mongo.Database }
 
 func newHawkEvents(t testing.TB) (*hawkEvents, *hawkdb.Reader) {
 	t.Helper()
-	uri := testenv.Mongo(t)
-	u, err := url.Parse(uri)
-	if err != nil {
-		t.Fatal(err)
-	}
-	name := strings.TrimPrefix(u.Path, "/")
-	client, err := mongo.Connect(options.Client().ApplyURI(uri))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
+	uri, db := testenv.HawkDatabase(t)
 	// A TTL of a nanosecond: each batch reads marks anew, as a worker does
 	// once its 5 s have passed.
-	r, err := hawkdb.NewReader(uri, name, hawkdb.Options{TTL: time.Nanosecond, Timeout: 5 * time.Second})
+	r, err := hawkdb.NewReader(uri, db.Name(), hawkdb.Options{TTL: time.Nanosecond, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.Close(context.Background()) })
-	return &hawkEvents{client.Database(name)}, r
+	return &hawkEvents{db}, r
 }
 
 // group inserts a group document as the grouper writes it, with one

@@ -60,6 +60,21 @@ func (e *Event) Time() time.Time {
 	return time.Unix(int64(sec), int64(math.Round(frac*1e6))*1e3)
 }
 
+// Fill gives the event the time and user it lacks, where known: at (zero
+// for unknown) as its timestamp, userID ("" for unknown) as its user. What
+// the event says itself is kept.
+func (e *Event) Fill(at time.Time, userID string) {
+	if e.Timestamp == nil && !at.IsZero() {
+		// Hawk's times are whole seconds, or milliseconds at most: Time
+		// gives them back exactly.
+		ts := float64(at.UnixMilli()) / 1000
+		e.Timestamp = &ts
+	}
+	if e.UserID() == "" && userID != "" {
+		e.User = &User{ID: userID}
+	}
+}
+
 // ShortTitle is the title cut to MaxTitle bytes, for notifications.
 func (e *Event) ShortTitle() string {
 	return truncate(e.Title, MaxTitle)

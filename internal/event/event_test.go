@@ -168,3 +168,23 @@ func TestIsObjectID(t *testing.T) {
 		t.Error("IsObjectID")
 	}
 }
+
+// Fill gives an event what it lacks and keeps what it says: a time of
+// Hawk's milliseconds comes back exactly from Time.
+func TestFillKeepsWhatTheEventSays(t *testing.T) {
+	at := time.UnixMilli(1700000000123)
+	var e Event
+	e.Fill(at, "alice")
+	if !e.Time().Equal(at) || e.UserID() != "alice" {
+		t.Errorf("filled: at %v by %q, want %v by alice", e.Time(), e.UserID(), at)
+	}
+	e.Fill(at.Add(time.Hour), "bob")
+	if !e.Time().Equal(at) || e.UserID() != "alice" {
+		t.Errorf("filled again: at %v by %q, want what it had", e.Time(), e.UserID())
+	}
+	var none Event
+	none.Fill(time.Time{}, "")
+	if none.Timestamp != nil || none.User != nil {
+		t.Errorf("filled with nothing: %+v", none)
+	}
+}

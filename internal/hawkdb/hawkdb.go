@@ -21,6 +21,8 @@ import (
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/options"
+
+	"github.com/klaxonhq/klaxon/internal/store"
 )
 
 // Group is what Hawk's events database says about one event group.
@@ -107,6 +109,13 @@ func NewReader(url, database string, opt Options) (*Reader, error) {
 	}
 	return &Reader{client: client, db: client.Database(database), opt: opt, cache: make(map[key]entry),
 		down: make(map[string]failure)}, nil
+}
+
+// Reachable pings the database and waits at most within for the answer:
+// a store.UnreachableError says in words that none came. Callers that
+// must not go on without the database (the command-line tools) ask first.
+func (r *Reader) Reachable(ctx context.Context, within time.Duration) error {
+	return store.Ping(ctx, r.client, within)
 }
 
 // Close disconnects from the database.

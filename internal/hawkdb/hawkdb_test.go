@@ -28,18 +28,8 @@ type HawkDB struct {
 // database.
 func NewHawkDB(t *testing.T) *HawkDB {
 	t.Helper()
-	uri := testenv.Mongo(t)
-	u, err := url.Parse(uri)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := mongo.Connect(options.Client().ApplyURI(uri))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
-	name := strings.TrimPrefix(u.Path, "/")
-	return &HawkDB{URL: uri, Name: name, DB: client.Database(name)}
+	uri, db := testenv.HawkDatabase(t)
+	return &HawkDB{URL: uri, Name: db.Name(), DB: db}
 }
 
 // Group inserts a group document as Hawk's grouper writes it, with its

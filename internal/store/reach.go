@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"go.mongodb.org/mongo-driver/v2/mongo"
 	"go.mongodb.org/mongo-driver/v2/mongo/readpref"
 	"go.mongodb.org/mongo-driver/v2/x/mongo/driver/topology"
 )
@@ -32,9 +33,15 @@ func (e *UnreachableError) Error() string {
 // Reachable pings MongoDB and waits at most within for the answer; an
 // *UnreachableError when none came.
 func (s *MongoSource) Reachable(ctx context.Context, within time.Duration) error {
+	return Ping(ctx, s.client, within)
+}
+
+// Ping pings the MongoDB of client and waits at most within for the
+// answer; an *UnreachableError when none came.
+func Ping(ctx context.Context, client *mongo.Client, within time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
-	err := s.client.Ping(ctx, readpref.PrimaryPreferred())
+	err := client.Ping(ctx, readpref.PrimaryPreferred())
 	if err == nil {
 		return nil
 	}

@@ -3,11 +3,32 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"net/url"
+	"strings"
 	"testing"
 
 	"go.mongodb.org/mongo-driver/v2/bson"
 	"go.mongodb.org/mongo-driver/v2/mongo"
+	"go.mongodb.org/mongo-driver/v2/mongo/options"
 )
+
+// HawkDatabase is a test's own events database in the embedded FerretDB
+// (Mongo): its URI, as KLAXON_EVENTS_MONGO_URL takes it, and a handle on
+// it to write Hawk's documents with.
+func HawkDatabase(t testing.TB) (string, *mongo.Database) {
+	t.Helper()
+	uri := Mongo(t)
+	u, err := url.Parse(uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := mongo.Connect(options.Client().ApplyURI(uri))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Disconnect(context.Background()) })
+	return uri, client.Database(strings.TrimPrefix(u.Path, "/"))
+}
 
 // HawkGroup writes an event group of project into Hawk's events database
 // db as Hawk's grouper writes it (events:<projectId>: the first
