@@ -25,7 +25,7 @@ import (
 
 const (
 	projectA = "5e3eef0679fa3700a0198a49"
-	projectB = "5e3eef0679fa3700a0198a4a" // has no rules
+	projectB = "5e3eef0679fa3700a0198a4a" // has no rules in the backtests
 )
 
 // TestBacktestFixedWindowTrap replays README's trap: 1 event, then 900 in

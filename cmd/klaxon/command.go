@@ -29,6 +29,9 @@ type command struct {
 	// Redis, which close closes.
 	needsRedis bool
 	rdb        redis.UniversalClient
+	// projectRules are the enabled rules of the project of the rule that
+	// rule found.
+	projectRules []*rules.Rule
 }
 
 func (a *app) command(name, usage string) *command {
@@ -150,10 +153,14 @@ func (c *command) rule(ctx context.Context, file, project, ruleID string) (cfg c
 	if done {
 		return cfg, nil, code, true
 	}
-	rule, err := findRule(ctx, cfg, file, project, ruleID)
+	snap, name, err := readRules(ctx, cfg, file)
+	if err == nil {
+		rule, err = ruleIn(snap, name, project, ruleID)
+	}
 	if err != nil {
 		return cfg, nil, c.app.fail(c.name, err), true
 	}
+	c.projectRules = snap.Rules(rule.ProjectID)
 	code, done = c.connect(cfg)
 	return cfg, rule, code, done
 }

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 	"github.com/klaxonhq/klaxon/internal/rules"
 	"github.com/klaxonhq/klaxon/internal/snooze"
 	"github.com/klaxonhq/klaxon/internal/starved"
+	"github.com/klaxonhq/klaxon/internal/store"
 )
 
 const explainUsage = `Usage: klaxon explain --project P --rule R (--group G [--title T] [--new] | --event FILE) [--rules FILE] [--json]
@@ -43,14 +46,20 @@ fire on them).
 --event FILE is a sample incoming message (the queue's JSON): it gives the
 group, the title and isNew, and explain says what of it the rule cannot
 count without (event.user) and whether it counts at its arrival (no
-event.timestamp). With --group alone the match is not checked
-unless --title is given.
+event.timestamp). With Hawk's events database (KLAXON_EVENTS_MONGO_URL) it
+first looks the event up as the worker does, and says what the worker
+takes from it: an isNew event's time and user from its group's document;
+for an event without event.user in a project with a countBy users rule,
+its repetition's time and user. The event then lacks only what the
+database does not know either. With --group alone the match is not
+checked unless --title is given.
 
 Rules come from --rules FILE, else KLAXON_RULES_FILE, else MongoDB; Redis
 and KLAXON_PREFIX are the worker's.
 
 Exit status: 0 the explanation was printed, 2 it could not be made (usage,
-no such enabled rule, Redis or the rules unreachable).
+no such enabled rule, Redis, the rules or the events database
+unreachable).
 
 Flags:
 `
@@ -77,8 +86,26 @@ type explanation struct {
 	// (countBy users: event.user), nil for none.
 	Needs *need `json:"needs,omitempty"`
 	// ArrivalTime reports that the sample event (--event) has no
-	// event.timestamp: it counts at its arrival, on Redis' clock.
+	// event.timestamp, nor takes one from Hawk's events database: it
+	// counts at its arrival, on Redis' clock.
 	ArrivalTime bool `json:"arrivalTime,omitempty"`
+	// FromHawk is what the worker takes for the sample event from Hawk's
+	// events database; nil without --event or the database.
+	FromHawk *hawkSample `json:"fromHawk,omitempty"`
+}
+
+// hawkSample is what the worker takes for an event from Hawk's events
+// database.
+type hawkSample struct {
+	// Read is the collection the worker reads for it: "events:<projectId>"
+	// (an isNew event's group) or "repetitions:<projectId>"; "" for none.
+	Read string `json:"read,omitempty"`
+	// Time and UserID are what it takes; zero and "" for nothing (the
+	// event had its own, or the database does not know it).
+	Time   time.Time `json:"time,omitzero"`
+	UserID string    `json:"userId,omitempty"`
+	// NoTime says why the event still has no time; "" when it has one.
+	NoTime string `json:"noTime,omitempty"`
 }
 
 // quietHours is what a rule's quiet hours mean now, on this machine's
@@ -98,7 +125,8 @@ type need struct {
 	// StarvedAt is when a worker last warned that the rule's events
 	// lacked the field (within the last two hours); zero when none did.
 	StarvedAt time.Time `json:"starvedAt,omitzero"`
-	// EventLacks reports that the sample event (--event) lacks it.
+	// EventLacks reports that the sample event (--event) lacks it, and
+	// that the worker takes none from Hawk's events database.
 	EventLacks bool `json:"eventLacks,omitempty"`
 }
 
@@ -198,8 +226,13 @@ func (a *app) explain(ctx context.Context, args []string) int {
 	if done {
 		return code
 	}
+	fromHawk, err := sampleFromHawk(ctx, cfg, sample, run.projectRules)
+	if err != nil {
+		return a.fail(cmd, err)
+	}
 
-	x := explanation{ProjectID: rule.ProjectID, RuleID: rule.ID, Rule: rule.Description, GroupHash: *group, Match: match}
+	x := explanation{ProjectID: rule.ProjectID, RuleID: rule.ID, Rule: rule.Description, GroupHash: *group, Match: match,
+		FromHawk: fromHawk}
 	if match != nil {
 		match.Matches, match.Reason = rule.Explain(match.Title, match.IsNew)
 	}
@@ -256,6 +289,34 @@ func (a *app) explain(ctx context.Context, args []string) int {
 	}
 	a.printExplanation(x)
 	return exitOK
+}
+
+// sampleFromHawk gives the sample event what the worker takes for it from
+// Hawk's events database, and says what that is; nil without a sample or
+// the database. As the worker, it reads a repetition only for an event
+// without event.user in a project with a countBy users rule (rules).
+func sampleFromHawk(ctx context.Context, cfg config.Config, sample *event.Message, project []*rules.Rule) (*hawkSample, error) {
+	db := newHawk(cfg)
+	if sample == nil || db == nil {
+		return nil, nil
+	}
+	defer db.Close(context.WithoutCancel(ctx))
+	users := slices.ContainsFunc(project, func(r *rules.Rule) bool { return r.Users })
+	before := sample.Event
+	taken, err := fromHawk(ctx, db, []*event.Message{sample}, func(m *event.Message) bool {
+		return users && m.Event.UserID() == ""
+	})
+	if err != nil {
+		return nil, err
+	}
+	h := &hawkSample{Read: taken[0].read, NoTime: taken[0].why}
+	if before.Timestamp == nil {
+		h.Time = sample.Event.Time().UTC()
+	}
+	if before.UserID() == "" {
+		h.UserID = sample.Event.UserID()
+	}
+	return h, nil
 }
 
 // needs says what field the rule cannot count an event without, whether a
@@ -392,12 +453,49 @@ func (a *app) printExplanation(x explanation) {
 				n.Field, ts(n.StarvedAt), n.Reason)
 		}
 		if n.EventLacks {
-			fmt.Fprintf(w, "event: no %s: this rule cannot count it\n", n.Field)
+			fmt.Fprintf(w, "event: no %s%s: this rule cannot count it\n", n.Field, notInHawk(x.FromHawk, ""))
 		}
 	}
+	printTaken(w, x.FromHawk)
 	if x.ArrivalTime {
-		fmt.Fprintf(w, "event: no event.timestamp: it counts at its arrival, on Redis' clock (a backlog drained at once counts as a burst)\n")
+		fmt.Fprintf(w, "event: no event.timestamp%s: it counts at its arrival, on Redis' clock (a backlog drained at once counts as a burst)\n",
+			notInHawk(x.FromHawk, x.FromHawk.why()))
 	}
+}
+
+// printTaken says what the worker takes for the sample event from Hawk's
+// events database.
+func printTaken(w io.Writer, h *hawkSample) {
+	if h == nil {
+		return
+	}
+	if !h.Time.IsZero() {
+		fmt.Fprintf(w, "event: no event.timestamp: the worker takes %s from Hawk's events database (%s) and counts it then\n",
+			h.Time.Format(time.RFC3339Nano), h.Read)
+	}
+	if h.UserID != "" {
+		fmt.Fprintf(w, "event: no event.user: the worker takes user %q from Hawk's events database (%s)\n", h.UserID, h.Read)
+	}
+}
+
+// notInHawk says, where the events database is configured, that it does
+// not give what the event lacks either, and why if known.
+func notInHawk(h *hawkSample, why string) string {
+	if h == nil {
+		return ""
+	}
+	if why != "" {
+		return ", and the worker takes none from Hawk's events database (" + why + ")"
+	}
+	return ", and the worker takes none from Hawk's events database"
+}
+
+// why is why the event has no time, "" when it has one or h is nil.
+func (h *hawkSample) why() string {
+	if h == nil {
+		return ""
+	}
+	return h.NoTime
 }
 
 func deliveryWords(d deliveryRecord) string {
@@ -430,6 +528,12 @@ func findRule(ctx context.Context, cfg config.Config, file, project, ruleID stri
 	if err != nil {
 		return nil, err
 	}
+	return ruleIn(snap, name, project, ruleID)
+}
+
+// ruleIn is enabled rule ruleID of project in snap, read from name; the
+// error says why there is none.
+func ruleIn(snap *store.Snapshot, name, project, ruleID string) (*rules.Rule, error) {
 	for _, r := range snap.Rules(strings.ToLower(project)) {
 		if r.ID == ruleID {
 			return r, nil

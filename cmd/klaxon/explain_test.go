@@ -247,3 +247,97 @@ func TestExplainTellsOfAStarvedUsersRule(t *testing.T) {
 		t.Errorf("a rule counting events needs no field:\n%s", r.stdout)
 	}
 }
+
+// With Hawk's events database, explain looks a stock-Hawk sample event up
+// as the worker does and says what it takes: a repetition's time and user
+// where a countBy users rule needs them, an isNew event's from its group.
+// It says the event counts at its arrival, or lacks event.user, only where
+// the database does not know them either: a repetition it does not hold,
+// or one of a project without a users rule, which the worker does not read.
+func TestExplainTakesTheSampleFromHawksEventsDatabase(t *testing.T) {
+	uri, db := testenv.HawkDatabase(t)
+	const t0 = 1700000000
+	testenv.HawkGroup(t, db, projectA, "g", 2, t0, 1, nil)
+	testenv.HawkGroupUser(t, db, projectA, "g", "alice")
+	bob := testenv.HawkRepetition(t, db, projectA, "g", t0+90, testenv.HawkUserDelta("bob"))
+	other := testenv.HawkRepetition(t, db, projectB, "p", t0+30, testenv.HawkUserDelta("carol"))
+	file := writeTemp(t, "rules.yml", projectA+`:
+  - id: users
+    isEnabled: true
+    whatToReceive: SEEN_MORE
+    countBy: users
+    threshold: 5
+    thresholdPeriod: 60000
+    channels: {webhook: {isEnabled: true, endpoint: "http://127.0.0.1:9/hook", minPeriod: 0}}
+`+projectB+`:
+  - id: events
+    isEnabled: true
+    whatToReceive: SEEN_MORE
+    threshold: 5
+    thresholdPeriod: 60000
+    channels: {webhook: {isEnabled: true, endpoint: "http://127.0.0.1:9/hook", minPeriod: 0}}
+`)
+	env := map[string]string{"KLAXON_REDIS_URL": testenv.RedisURL(), "KLAXON_PREFIX": testenv.KeyPrefix(t), "KLAXON_RULES_FILE": file,
+		"KLAXON_EVENTS_MONGO_URL": uri}
+	sample := func(project, group, rep string) string {
+		id := "null"
+		if rep != "" {
+			id = fmt.Sprintf("%q", rep)
+		}
+		return writeTemp(t, "event.json", fmt.Sprintf(`{"projectId":%q,"event":{"title":"TypeError","groupHash":%q,"isNew":%t,"repetitionId":%s}}`,
+			project, group, rep == "", id))
+	}
+	explain := func(rule, ev string) (explanation, string) {
+		t.Helper()
+		r := klaxon(t, env, "explain", "--rule", rule, "--event", ev, "--json")
+		var x explanation
+		if err := json.Unmarshal([]byte(r.stdout), &x); err != nil {
+			t.Fatalf("%v: %s%s", err, r.stdout, r.stderr)
+		}
+		return x, klaxon(t, env, "explain", "--rule", rule, "--event", ev).stdout
+	}
+	const unknown = "65f0a1b2c3d4e5f6a7b8c9d0"
+	for _, c := range []struct {
+		name, rule, event string
+		want              hawkSample
+		lacksUser         bool
+		says              []string
+	}{
+		{"a repetition", "users", sample(projectA, "g", bob),
+			hawkSample{Read: "repetitions:" + projectA, Time: time.Unix(t0+90, 0).UTC(), UserID: "bob"}, false,
+			[]string{"event: no event.timestamp: the worker takes 2023-11-14T22:14:50Z from Hawk's events database (repetitions:" + projectA + ")",
+				`event: no event.user: the worker takes user "bob" from Hawk's events database`}},
+		{"a group's first", "users", sample(projectA, "g", ""),
+			hawkSample{Read: "events:" + projectA, Time: time.Unix(t0, 0).UTC(), UserID: "alice"}, false,
+			[]string{"the worker takes 2023-11-14T22:13:20Z from Hawk's events database (events:" + projectA + ")", `takes user "alice"`}},
+		{"a repetition it does not hold", "users", sample(projectA, "g", unknown),
+			hawkSample{Read: "repetitions:" + projectA, NoTime: "repetition " + unknown + " not found in repetitions:" + projectA}, true,
+			[]string{"event: no event.user, and the worker takes none from Hawk's events database: this rule cannot count it",
+				"event: no event.timestamp, and the worker takes none from Hawk's events database (repetition " + unknown + " not found in repetitions:" + projectA + "): it counts at its arrival"}},
+		{"a project without a users rule", "events", sample(projectB, "p", other),
+			hawkSample{NoTime: "the worker reads a repetition only for an event without event.user in a project with a countBy users rule"}, false,
+			[]string{"event: no event.timestamp, and the worker takes none from Hawk's events database (the worker reads a repetition only"}},
+	} {
+		x, out := explain(c.rule, c.event)
+		if x.FromHawk == nil || *x.FromHawk != c.want {
+			t.Errorf("%s: from Hawk %+v, want %+v", c.name, x.FromHawk, c.want)
+		}
+		if x.ArrivalTime != c.want.Time.IsZero() || (x.Needs != nil && x.Needs.EventLacks) != c.lacksUser {
+			t.Errorf("%s: arrival time %v, needs %+v; want arrival time %v, lacking the user %v", c.name, x.ArrivalTime, x.Needs, c.want.Time.IsZero(), c.lacksUser)
+		}
+		for _, want := range c.says {
+			if !strings.Contains(out, want) {
+				t.Errorf("%s: output lacks %q:\n%s", c.name, want, out)
+			}
+		}
+		if !c.want.Time.IsZero() && (strings.Contains(out, "counts at its arrival") || strings.Contains(out, "event: no event.user,")) {
+			t.Errorf("%s: says what the database gives is lacking:\n%s", c.name, out)
+		}
+	}
+
+	env["KLAXON_EVENTS_MONGO_URL"] = "mongodb://" + closedAddr(t) + "/hawk_events"
+	if r := klaxon(t, env, "explain", "--rule", "users", "--event", sample(projectA, "g", bob)); r.code != exitUsage ||
+		!strings.Contains(r.stderr, "Hawk's events database (KLAXON_EVENTS_MONGO_URL): MongoDB did not answer") {
+		t.Errorf("the database down: exit %d: %s%s", r.code, r.stdout, r.stderr)
+	}
+}

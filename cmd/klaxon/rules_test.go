@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -131,12 +130,7 @@ func TestRulesCheckMongo(t *testing.T) {
 // A MongoDB that does not answer is an error within about 5 s naming what
 // to change, not a topology dump after 10 s of silence.
 func TestRulesCheckSaysMongoDoesNotAnswer(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close() // nothing listens there now
+	addr := closedAddr(t)
 	start := time.Now()
 	r := klaxon(t, map[string]string{"KLAXON_MONGO_URL": "mongodb://" + addr + "/hawk"}, "rules", "check")
 	if took := time.Since(start); took > 6*time.Second {

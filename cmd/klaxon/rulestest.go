@@ -323,7 +323,7 @@ func runTestFile(ctx context.Context, file string, load func(context.Context, st
 		}
 		// now is after every event, so none is clamped: a test means the
 		// same whenever it runs.
-		rep, err := replay(strings.NewReader(lines), snap, time.Now().Add(100*365*24*time.Hour))
+		rep, err := replay(ctx, strings.NewReader(lines), snap, nil, time.Now().Add(100*365*24*time.Hour))
 		if err != nil {
 			return nil, fmt.Errorf("%s: case %q: %w", file, c.Name, err)
 		}
