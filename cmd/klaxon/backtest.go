@@ -40,9 +40,12 @@ and counts the others at their arrival on Redis' clock, which a replay
 does not have: a replay reads every repetition without a timestamp. An
 event still without a time (no database, or its document not found) stops
 the replay, naming its line and why, as does a read that fails. A line the
-worker would dead-letter is reported and left out. An event's identity is
-its repetitionId, as for a message without an AMQP message-id: a repeated
-one counts once. Firing ids are those the worker would give.
+worker would dead-letter is reported and left out. Hawk's marks are not
+applied: they say what people decided since (a group resolved or ignored
+today), not at the events' time, so every event counts and none is a
+regression. An event's identity is its repetitionId, as for a message
+without an AMQP message-id: a repeated one counts once. Firing ids are
+those the worker would give.
 
 --rules is a YAML rules file; without it, KLAXON_RULES_FILE, else MongoDB.
 
