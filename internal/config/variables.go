@@ -218,7 +218,7 @@ func variables(c *Config) []spec {
 			doc: "How long a stage may hold a batch it retries after a failure before `/readyz` answers 503 naming the stage, its queue, the batch's age and the last error ([details](#http-endpoints))."},
 		{name: EnvGroupsPerCall, section: SectionThroughput, value: whole(&c.GroupsPerCall, 32, 1, 1000),
 			doc: "Groups counted in one Lua call on a single node or Sentinel ({range}); a call storing counts the worker made takes eight times as many. `1` behind a proxy that routes by key (then one each)."},
-		{name: EnvStateCache, section: SectionThroughput, value: size(&c.StateCache, 64<<20, 0, 16<<30),
+		{name: EnvStateCache, section: SectionThroughput, value: size(&c.StateCache, 16<<20, 0, 16<<30),
 			doc: "Memory a worker keeps the group states it wrote last in ({range}; `0`: none), so that counting a group again needs no read of it; a state another worker wrote since costs one more answer from Redis, never a wrong count ([batching](#batching))."},
 		{name: EnvDedupTTL, section: SectionDurability, value: positive(&c.DedupTTL, 10*time.Minute),
 			doc: "How long, at least, a message's identity (`message-id`, else `repetitionId`) is remembered (at most twice this); an id costs 8–12 bytes of Redis. Set it above the longest broker outage to ride out."},
