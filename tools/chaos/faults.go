@@ -107,9 +107,11 @@ func (f *failover) watch(ctx context.Context) (stop func() int) {
 		}
 	}()
 	return func() int {
+		// A receive waiting on the connection does not see ctx: closing
+		// the subscription ends it.
 		cancel()
-		<-end
 		_ = sub.Close()
+		<-end
 		_ = c.Close()
 		return n
 	}
