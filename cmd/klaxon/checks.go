@@ -178,10 +178,19 @@ var (
 	unknownField   = regexp.MustCompile(`^unknown field "([^"]*)" ignored$`)
 )
 
+// hawkPush are the channels of Hawk's rules that Hawk's notifier hands to
+// no sender worker (its web and desktop push): an enabled one notifies
+// nobody behind Hawk either, so it is a warning, not a misspelling.
+var hawkPush = []string{"webPush", "desktopPush"}
+
 // withSuggestion adds "did you mean" to the loader's problems of an
 // unknown channel or field. An unknown channel is an error here: the
 // worker ignores it, so a misspelt "slak" never notifies anyone.
 func withSuggestion(p checkProblem) checkProblem {
+	if m := unknownChannel.FindStringSubmatch(p.Reason); m != nil && slices.Contains(hawkPush, m[1]) {
+		p.Reason = fmt.Sprintf("channel %q is Hawk's push channel, which Klaxon does not send (nor do Hawk's sender workers): ignored", m[1])
+		return p
+	}
 	if m := unknownChannel.FindStringSubmatch(p.Reason); m != nil {
 		p.Severity = "error"
 		p.Reason = fmt.Sprintf("channel %q is not one of %s: its notifications would never be sent", m[1], strings.Join(rules.ChannelNames[:], ", "))

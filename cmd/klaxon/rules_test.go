@@ -157,6 +157,7 @@ func TestRulesCheckReportsWhatASendWouldMeet(t *testing.T) {
       slack: {isEnabled: true, endpoint: "https://chat.example.com/hook", minPeriod: 0}
       email: {isEnabled: true, endpoint: "ops@example.com", minPeriod: 0}
       slak: {isEnabled: true, endpoint: "https://hooks.slack.com/services/T/B/x", minPeriod: 0}
+      webPush: {isEnabled: true, endpoint: "subscription-1", minPeriod: 0}
   - id: both
     isEnabled: true
     whatToReceive: SEEN_MORE
@@ -194,9 +195,10 @@ func TestRulesCheckReportsWhatASendWouldMeet(t *testing.T) {
 		{"error", "refused", `channel slack: the worker's endpoint guard would refuse it: host chat.example.com with this path is not one of hooks.slack.com/services/ (KLAXON_SLACK_HOSTS)`, 2},
 		{"error", "refused", `channel email: email is not configured on the worker: set KLAXON_SMTP_ADDR`, 2},
 		{"error", "refused", `channel "slak" is not one of email, telegram, slack, webhook, loop: its notifications would never be sent (did you mean "slack"?)`, 2},
-		{"error", "both", `channel webhook: the worker's endpoint guard would refuse it: port 8443 is not one of 80, 443; allow it with KLAXON_ALLOW_PORTS`, 10},
-		{"warning", "both", `windows replace threshold and thresholdPeriod`, 10},
-		{"warning", "both", `unknown field "inclding" ignored (did you mean "including"?)`, 16},
+		{"warning", "refused", `channel "webPush" is Hawk's push channel, which Klaxon does not send (nor do Hawk's sender workers): ignored`, 2},
+		{"error", "both", `channel webhook: the worker's endpoint guard would refuse it: port 8443 is not one of 80, 443; allow it with KLAXON_ALLOW_PORTS`, 11},
+		{"warning", "both", `windows replace threshold and thresholdPeriod`, 11},
+		{"warning", "both", `unknown field "inclding" ignored (did you mean "including"?)`, 17},
 	}
 	for _, w := range want {
 		found := slices.ContainsFunc(report.Problems, func(p checkProblem) bool {
@@ -206,8 +208,8 @@ func TestRulesCheckReportsWhatASendWouldMeet(t *testing.T) {
 			t.Errorf("no %s for rule %s on line %d: %q\nin %+v", w.severity, w.rule, w.line, w.reason, report.Problems)
 		}
 	}
-	if report.Errors != 5 || report.Warnings != 2 || len(report.Problems) != 7 {
-		t.Errorf("%d errors, %d warnings, %d problems; want 5, 2, 7: %+v", report.Errors, report.Warnings, len(report.Problems), report.Problems)
+	if report.Errors != 5 || report.Warnings != 3 || len(report.Problems) != 8 {
+		t.Errorf("%d errors, %d warnings, %d problems; want 5, 3, 8: %+v", report.Errors, report.Warnings, len(report.Problems), report.Problems)
 	}
 	for _, p := range report.Problems {
 		if strings.Contains(p.Reason, "/hook") || strings.Contains(p.Reason, "ops@") {
@@ -218,8 +220,8 @@ func TestRulesCheckReportsWhatASendWouldMeet(t *testing.T) {
 	// The same rules on settings that allow them: no error is left.
 	report = check(map[string]string{"KLAXON_ALLOW_PRIVATE_NETWORKS": "127.0.0.0/8", "KLAXON_ALLOW_PORTS": "443,8443",
 		"KLAXON_SLACK_HOSTS": "hooks.slack.com/services/,chat.example.com", "KLAXON_SMTP_ADDR": "127.0.0.1:25"})
-	if report.Errors != 1 || report.Warnings != 2 { // the unknown channel stays
-		t.Errorf("allowed: %d errors, %d warnings; want 1, 2: %+v", report.Errors, report.Warnings, report.Problems)
+	if report.Errors != 1 || report.Warnings != 3 { // the unknown channel stays
+		t.Errorf("allowed: %d errors, %d warnings; want 1, 3: %+v", report.Errors, report.Warnings, report.Problems)
 	}
 }
 
