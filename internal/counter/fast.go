@@ -133,11 +133,16 @@ func (e *Engine) countGroups(ctx context.Context, b *batch, groups []*group, raw
 func (e *Engine) storeStates(ctx context.Context, b *batch, groups []*group, slot int64) (changed []*group, current [][]byte, err error) {
 	var calls []*call
 	for lo := 0; lo < len(groups); lo += e.storesPerCall {
-		c := &call{}
-		for _, g := range groups[lo:min(lo+e.storesPerCall, len(groups))] {
+		these := groups[lo:min(lo+e.storesPerCall, len(groups))]
+		nargs := 1
+		for _, g := range these {
+			nargs += 6 + len(g.records) + len(g.pages)
+		}
+		c := &call{parts: make([]part, 0, len(these)), keys: make([]string, 0, len(these)), args: make([]any, 0, nargs)}
+		for _, g := range these {
 			c.parts = append(c.parts, part{g: g, events: g.events, token: b.token})
 		}
-		c.args = []any{(slot + 2) * e.dedupTTL}
+		c.args = append(c.args, (slot+2)*e.dedupTTL)
 		for _, p := range c.parts {
 			g := p.g
 			c.keys = append(c.keys, g.base+":s")

@@ -142,6 +142,7 @@ func (f *feeder) run(src <-chan amqp.Delivery) {
 	defer close(f.out)
 	var (
 		queue      []amqp.Delivery // received, not passed on yet
+		passed     int             // how many the last queue passed on held
 		cancelled  bool            // src is being drained after our cancel
 		next       int             // the prefetch of the consumer after src
 		stopping   bool
@@ -199,6 +200,12 @@ func (f *feeder) run(src <-chan amqp.Delivery) {
 			}
 			f.n++
 			f.largest = max(f.largest, size)
+			if queue == nil {
+				// Room for as many as last time: a Delivery is a few
+				// hundred bytes, and growing the slice from one copied
+				// each of them several times.
+				queue = make([]amqp.Delivery, 0, max(passed, 16))
+			}
 			queue = append(queue, d)
 			switch {
 			case cancelled:
@@ -213,7 +220,7 @@ func (f *feeder) run(src <-chan amqp.Delivery) {
 				cancel(min(2*f.prefetch, f.fit(f.largest))) // slow start
 			}
 		case out <- queue:
-			queue = nil // the collector's now
+			passed, queue = len(queue), nil // the collector's now
 		case <-f.freed:
 		case <-f.dead:
 			// Paused, or the session gone without a stop: nothing reads
