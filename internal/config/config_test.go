@@ -51,6 +51,7 @@ func TestLoadDefaults(t *testing.T) {
 		BatchLinger:       2 * time.Millisecond,
 		MaxHeldBytes:      64 << 20,
 		GroupsPerCall:     32,
+		StateCache:        16 << 20,
 		DedupTTL:          10 * time.Minute,
 		WaitTimeout:       time.Second,
 		RulesRefresh:      5 * time.Second,
@@ -260,6 +261,8 @@ func TestLoadValues(t *testing.T) {
 		{"small prefetch lowers the default batch", map[string]string{EnvPrefetch: "10"}, func(c Config) bool { return c.Prefetch == 10 && c.BatchSize == 10 }},
 		{"batch", map[string]string{EnvPrefetch: "500", EnvBatchSize: "200"}, func(c Config) bool { return c.BatchSize == 200 }},
 		{"groups per call", map[string]string{EnvGroupsPerCall: "1"}, func(c Config) bool { return c.GroupsPerCall == 1 }},
+		{"no state cache", map[string]string{EnvStateCache: "0"}, func(c Config) bool { return c.StateCache == 0 }},
+		{"state cache", map[string]string{EnvStateCache: "64MiB"}, func(c Config) bool { return c.StateCache == 64<<20 }},
 		{"durations", map[string]string{EnvDedupTTL: "1h30m", EnvRulesRefresh: "500ms", EnvSendTimeout: "3s"},
 			func(c Config) bool {
 				return c.DedupTTL == 90*time.Minute && c.RulesRefresh == 500*time.Millisecond && c.SendTimeout == 3*time.Second
