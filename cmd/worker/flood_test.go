@@ -71,7 +71,7 @@ func TestFairnessNewGroupFlood(t *testing.T) {
 		}
 		floodQueue := h.shardOf(qs, id)
 		var msgs []message
-		for i := range 10_000 * tries {
+		for i := range 25_000 * tries {
 			m := event(id, "Error: one of a flood of new errors", fmt.Sprintf("flood-%d", i), true)
 			m.Key = id
 			msgs = append(msgs, m)
