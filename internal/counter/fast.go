@@ -136,7 +136,7 @@ func (e *Engine) storeStates(ctx context.Context, b *batch, groups []*group, slo
 		these := groups[lo:min(lo+e.storesPerCall, len(groups))]
 		nargs := 1
 		for _, g := range these {
-			nargs += 6 + len(g.records) + len(g.pages)
+			nargs += 5 + len(g.records) + len(g.pages) // gen state expiry nrecords npages, then those
 		}
 		c := &call{parts: make([]part, 0, len(these)), keys: make([]string, 0, len(these)), args: make([]any, 0, nargs)}
 		for _, g := range these {
